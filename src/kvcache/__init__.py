@@ -1,0 +1,66 @@
+"""kvcache: LLM KV-cache pools in POSIX shared memory, shared by every process.
+
+A pool is one file in ``/dev/shm`` that any number of processes map. Its
+parts, bottom up (each module opens with its own overview):
+
+- ``segment``   create/attach/unlink the file; names, permissions, reservation
+- ``layout``    the binary layout: header, process table, entry table, live
+                list, key index, page links, data pages
+- ``lock``      thread + process exclusion; detects holders that died
+- ``allocator`` fixed-size pages chained per value: no fragmentation failures
+- ``entries``   entry slots and the dense list of live entries
+- ``index``     key hash -> entry, open addressing inside the segment
+- ``policies``  eviction scoring: lru, lfu, fifo, priority, ttl, size
+- ``codec``     bytes and numpy arrays in and out of pages, never pickled
+- ``recovery``  consistency check and repair from the entry table
+- ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
+
+Typical use::
+
+    import kvcache
+    pool = kvcache.create("llama-cache", size="1G", policy="lru")
+    pool.put("prompt-42", kv_bytes, priority=5, ttl=600)
+    other = kvcache.open("llama-cache")  # in any process
+    other.get("prompt-42")
+"""
+
+from .config import PoolConfig
+from .errors import (
+    CorruptPoolError,
+    IncompatiblePoolError,
+    InvalidArgument,
+    KVCacheError,
+    OutOfSharedMemoryError,
+    PoolExistsError,
+    PoolFullError,
+    PoolNotFoundError,
+    ValueTooLargeError,
+)
+from .pool import Pool, create, destroy, list_pools, open
+from .reports import EvictionResult, PoolStats
+from .units import format_size, parse_duration, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CorruptPoolError",
+    "EvictionResult",
+    "IncompatiblePoolError",
+    "InvalidArgument",
+    "KVCacheError",
+    "OutOfSharedMemoryError",
+    "Pool",
+    "PoolConfig",
+    "PoolExistsError",
+    "PoolFullError",
+    "PoolNotFoundError",
+    "PoolStats",
+    "ValueTooLargeError",
+    "create",
+    "destroy",
+    "format_size",
+    "list_pools",
+    "open",
+    "parse_duration",
+    "parse_size",
+]

@@ -1,0 +1,97 @@
+"""Values in and out of pages: raw bytes, or numpy arrays with a small header.
+
+Nothing is ever pickled. A bytes-like value is stored as is and read back as
+``bytes``. A numpy array is stored as its raw C-order bytes after a header
+that describes it, and read back as an array of the same dtype and shape::
+
+    +-------+-----------+-----------------+---------------------+
+    | ndim  | dtype_len | dtype (ASCII,   | shape: ndim x int64 |
+    | uint8 | uint8     | numpy .str)     | little-endian       |
+    +-------+-----------+-----------------+---------------------+
+
+Only plain numeric and bool dtypes are accepted; a header read back is
+checked against the payload length before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CorruptPoolError, InvalidArgument
+
+_ARRAY_KINDS = "biufc"
+_PREFIX = struct.Struct("<BB")
+MAX_NDIM = 32
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A value ready to copy: its header (empty for bytes) and payload bytes."""
+
+    is_array: bool
+    header: bytes
+    payload: memoryview  # format "B"
+
+
+def encode(value: object) -> Encoded:
+    """Describe ``value`` for storage without copying its bytes.
+
+    Raises:
+        InvalidArgument: text, object arrays, or anything without a buffer.
+    """
+    if isinstance(value, np.ndarray):
+        return _encode_array(value)
+    if isinstance(value, str):
+        raise InvalidArgument("values must be bytes-like or numpy arrays: encode text first (.encode())")
+    try:
+        view = memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgument(
+            f"values must be bytes-like or numpy arrays, not {type(value).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise InvalidArgument("value buffer is not contiguous: pass bytes(value) or a contiguous copy")
+    return Encoded(False, b"", view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+
+
+def _encode_array(array: np.ndarray) -> Encoded:
+    if array.dtype.kind not in _ARRAY_KINDS or array.dtype.fields is not None:
+        raise InvalidArgument(
+            f"arrays of dtype {array.dtype} cannot be stored: use a numeric or bool dtype"
+        )
+    if array.ndim > MAX_NDIM:
+        raise InvalidArgument(f"arrays may have at most {MAX_NDIM} dimensions, not {array.ndim}")
+    array = np.ascontiguousarray(array)
+    dtype = array.dtype.str.encode("ascii")
+    header = _PREFIX.pack(array.ndim, len(dtype)) + dtype + struct.pack(f"<{array.ndim}q", *array.shape)
+    return Encoded(True, header, memoryview(array.reshape(-1).view(np.uint8)))
+
+
+def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
+    """An empty array as described by ``header``, after checking it fits the payload.
+
+    Raises:
+        CorruptPoolError: the header is malformed or disagrees with the payload.
+    """
+    try:
+        ndim, dtype_len = _PREFIX.unpack_from(header)
+        dtype = np.dtype(header[2 : 2 + dtype_len].decode("ascii"))
+        shape = struct.unpack_from(f"<{ndim}q", header, 2 + dtype_len)
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
+        raise CorruptPoolError(f"stored array header is damaged ({exc})") from exc
+    if (
+        dtype.kind not in _ARRAY_KINDS
+        or len(header) != 2 + dtype_len + 8 * ndim
+        or any(d < 0 for d in shape)
+        or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != payload_bytes
+    ):
+        raise CorruptPoolError("stored array header does not match its payload")
+    return np.empty(shape, dtype)
+
+
+def byte_view(array: np.ndarray) -> memoryview:
+    """A writable flat byte view of a C-contiguous array."""
+    return memoryview(array.reshape(-1).view(np.uint8))

@@ -1,0 +1,126 @@
+"""Pool configuration: one frozen, validated dataclass, stored in the segment.
+
+The effective configuration is written into the pool's header at create time,
+so every process that opens the pool (and, later, every snapshot) uses the
+same geometry and policy; nobody has to repeat the flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .errors import InvalidArgument
+from .units import parse_duration, parse_size
+
+DEFAULT_PAGE_SIZE_BYTES = 64 << 10
+"""64 KiB: a KV chunk of even a small model is hundreds of KiB, so waste per
+entry stays small, and a 1 GiB pool needs only 16384 pages of metadata."""
+MIN_PAGE_SIZE_BYTES = 1 << 10
+MAX_PAGE_SIZE_BYTES = 256 << 20
+MAX_KEY_BYTES = 1024
+"""A key always fits in its entry's first page (pages are at least 1 KiB)."""
+DEFAULT_EVICTION_SAMPLES = 64
+DEFAULT_MAX_PROCESSES = 1024
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How a pool is laid out and evicts.
+
+    Attributes:
+        size_bytes: room for data (keys and values), rounded down to whole pages;
+            metadata comes on top (<1% at the default page size).
+        page_size_bytes: allocation unit; a power of two from 1 KiB to 256 MiB.
+        policy: eviction policy name (see ``kvcache.policies``).
+        max_entries: entry-table slots; default one per page (the most that can live).
+        default_ttl_s: expiry applied to puts that give no ttl; ``None`` means never.
+        eviction_samples: entries scored per eviction; more is closer to the exact
+            policy and slower. Pools with at most this many entries evict exactly.
+        lfu_half_life: LFU counters halve every this many accesses (logical clock
+            ticks) without a hit; default ``max_entries``.
+        max_processes: slots in the attached-process table.
+    """
+
+    size_bytes: int
+    page_size_bytes: int = DEFAULT_PAGE_SIZE_BYTES
+    policy: str = "lru"
+    max_entries: int = 0
+    default_ttl_s: float | None = None
+    eviction_samples: int = DEFAULT_EVICTION_SAMPLES
+    lfu_half_life: int = 0
+    max_processes: int = DEFAULT_MAX_PROCESSES
+
+    def __post_init__(self) -> None:
+        from .policies import get_policy  # policies are a sibling layer, imported late
+
+        page = self.page_size_bytes
+        if not (MIN_PAGE_SIZE_BYTES <= page <= MAX_PAGE_SIZE_BYTES) or page & (page - 1):
+            raise InvalidArgument(
+                f"page size {page} must be a power of two from 1K to 256M: try 64K (the default)"
+            )
+        if self.size_bytes < page:
+            raise InvalidArgument(
+                f"pool size {self.size_bytes} bytes is smaller than one page ({page} bytes): "
+                "give a larger size or a smaller page size"
+            )
+        get_policy(self.policy)  # raises with the list of valid names
+        object.__setattr__(self, "size_bytes", self.num_pages * page)
+        if self.max_entries == 0:
+            object.__setattr__(self, "max_entries", self.num_pages)
+        if not 1 <= self.max_entries < 2**31:
+            raise InvalidArgument(f"max entries must be from 1 to 2**31-1, got {self.max_entries}")
+        if self.lfu_half_life == 0:
+            object.__setattr__(self, "lfu_half_life", self.max_entries)
+        if self.lfu_half_life < 1:
+            raise InvalidArgument(f"lfu half-life must be positive, got {self.lfu_half_life}")
+        if self.default_ttl_s is not None and not (
+            math.isfinite(self.default_ttl_s) and self.default_ttl_s > 0
+        ):
+            raise InvalidArgument(f"default ttl must be positive seconds, got {self.default_ttl_s}")
+        if not 1 <= self.eviction_samples <= 1 << 16:
+            raise InvalidArgument(f"eviction samples must be 1..65536, got {self.eviction_samples}")
+        if not 1 <= self.max_processes <= 1 << 20:
+            raise InvalidArgument(f"max processes must be 1..1048576, got {self.max_processes}")
+
+    @property
+    def num_pages(self) -> int:
+        """Data pages in the pool."""
+        return self.size_bytes // self.page_size_bytes
+
+    @classmethod
+    def build(
+        cls,
+        size: str | int,
+        *,
+        page_size: str | int = DEFAULT_PAGE_SIZE_BYTES,
+        policy: str = "lru",
+        max_entries: int | None = None,
+        default_ttl: str | float | None = None,
+        eviction_samples: int = DEFAULT_EVICTION_SAMPLES,
+        lfu_half_life: int | None = None,
+        max_processes: int = DEFAULT_MAX_PROCESSES,
+    ) -> PoolConfig:
+        """Build a config from human inputs (``"16G"``, ``"64K"``, ``"1h"``)."""
+        if not isinstance(policy, str):
+            raise InvalidArgument(f"policy must be a name such as 'lru', not {policy!r}")
+        for label, number in (("max entries", max_entries), ("lfu half-life", lfu_half_life)):
+            if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
+                raise InvalidArgument(f"{label} must be a whole number, not {number!r}")
+        if max_entries is not None and max_entries < 1:
+            raise InvalidArgument(f"max entries must be positive, got {max_entries}")
+        return cls(
+            size_bytes=parse_size(size, what="pool size"),
+            page_size_bytes=parse_size(page_size, what="page size"),
+            policy=policy.lower(),
+            max_entries=max_entries or 0,
+            default_ttl_s=None if default_ttl is None else parse_duration(default_ttl, what="ttl"),
+            eviction_samples=eviction_samples,
+            lfu_half_life=lfu_half_life or 0,
+            max_processes=max_processes,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields, for JSON output and reports."""
+        return dataclasses.asdict(self)

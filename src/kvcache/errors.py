@@ -1,0 +1,44 @@
+"""The one exception hierarchy of kvcache.
+
+Every error a user can cause derives from :class:`KVCacheError`, and its message
+says what to do next. Bad arguments are also :class:`ValueError` so that code
+written against the standard library's conventions keeps working.
+"""
+
+from __future__ import annotations
+
+
+class KVCacheError(Exception):
+    """Base class of every kvcache error."""
+
+
+class InvalidArgument(KVCacheError, ValueError):
+    """A size, name, key, value or option is not acceptable."""
+
+
+class PoolNotFoundError(KVCacheError, FileNotFoundError):
+    """No pool of that name exists."""
+
+
+class PoolExistsError(KVCacheError, FileExistsError):
+    """A pool of that name already exists."""
+
+
+class IncompatiblePoolError(KVCacheError):
+    """The segment is not a kvcache pool, or was made by another format version."""
+
+
+class CorruptPoolError(KVCacheError):
+    """The pool's metadata breaks an invariant that repair could not mend."""
+
+
+class PoolFullError(KVCacheError):
+    """No room could be made: everything left is being written by live processes."""
+
+
+class ValueTooLargeError(PoolFullError, InvalidArgument):
+    """The value (with its key) is larger than the whole pool."""
+
+
+class OutOfSharedMemoryError(KVCacheError, OSError):
+    """The shared-memory filesystem (/dev/shm) has no room for the pool's pages."""

@@ -1,0 +1,87 @@
+"""The pool lock: excludes threads and processes, and detects holders that died.
+
+Two locks are needed. ``flock`` on the segment file excludes processes (and
+other open file descriptions in this one), and the kernel drops it when its
+holder dies, so a crash can never deadlock the pool. But ``flock`` does not
+exclude threads that share one descriptor, so a ``threading.Lock`` comes
+first. (POSIX ``fcntl`` record locks were rejected: closing *any* descriptor of
+the file drops all of a process's locks on it.)
+
+The header's ``dirty`` word is set for as long as the lock is held. Finding it
+set on entry means the previous holder died mid-mutation; the lock then calls
+``repair`` before handing over.
+
+After ``fork`` the child shares the parent's file description, and so its
+``flock``: ``reopen_after_fork`` gives the child a description of its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from .errors import KVCacheError
+from .layout import H
+
+
+class PoolLock:
+    """Mutual exclusion over one segment, with crash detection through ``dirty``."""
+
+    def __init__(self, path: Path, header_q: memoryview, repair: Callable[[], None]) -> None:
+        self._path = path
+        self._header_q = header_q
+        self._repair = repair
+        self._thread_lock = threading.Lock()
+        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+    def __enter__(self) -> PoolLock:
+        self._thread_lock.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        header_q = self._header_q
+        if header_q[H.dirty]:
+            try:
+                self._repair()
+            except BaseException:
+                self._unlock()  # dirty stays set: the next holder tries again
+                raise
+        header_q[H.dirty] = 1
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # kvcache raises its own errors before mutating anything; any other
+        # exception (a bug, KeyboardInterrupt) may have struck mid-way, so the
+        # pool stays marked dirty and the next holder repairs it.
+        if exc is None or isinstance(exc, KVCacheError):
+            self._header_q[H.dirty] = 0
+        self._unlock()
+
+    def _unlock(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._thread_lock.release()
+
+    def reopen_after_fork(self) -> None:
+        """In a forked child: own a fresh description and a fresh thread lock."""
+        self._thread_lock = threading.Lock()
+        try:
+            fresh = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return  # the pool was destroyed; this process can only close it
+        os.close(self._fd)
+        self._fd = fresh
+
+    def close(self) -> None:
+        """Release the descriptor (never while held)."""
+        os.close(self._fd)

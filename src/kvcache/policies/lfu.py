@@ -1,0 +1,20 @@
+"""LFU with aging: evict what is used least often lately.
+
+Each entry keeps an access count that halves every ``lfu_half_life`` clock
+ticks without a hit, so a prefix that was hot yesterday does not squat
+forever (plain LFU's failure); ties go to the least recently used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import ScoreContext, decayed_frequency
+
+
+class LFU:
+    name = "lfu"
+    summary = "least frequently used first (counts age); keeps shared system prompts hot"
+
+    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
+        return -decayed_frequency(records, ctx)

@@ -1,0 +1,728 @@
+"""The Pool: put/get/delete/evict/stats over one shared-memory segment.
+
+This module wires the layers together: ``segment`` maps the file, ``lock``
+serialises metadata changes, ``allocator`` hands out pages, ``entries`` and
+``index`` find entries, ``policies`` pick victims, ``codec`` turns values into
+bytes and ``recovery`` checks and repairs. Nothing here is cached per process:
+every process reads the same header and tables.
+
+The lock covers metadata only. A put of more than ``INLINE_COPY_MAX_BYTES``
+reserves pages and a WRITING entry under the lock, copies without it, and
+publishes under it; a get of such a value records the entry's generation
+under the lock, copies without it, and accepts the copy only if the
+generation is unchanged (a seqlock), retrying otherwise. Smaller values are
+copied under the lock, which is cheaper than locking twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from types import TracebackType
+
+import numpy as np
+import xxhash
+
+from . import codec, recovery, segment
+from .allocator import PageAllocator, Run
+from .config import MAX_KEY_BYTES, PoolConfig
+from .entries import EntryTable
+from .errors import (
+    CorruptPoolError,
+    InvalidArgument,
+    PoolFullError,
+    ValueTooLargeError,
+)
+from .index import HashIndex
+from .layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, Geometry, H, Views, read_header, write_header
+from .lock import PoolLock
+from .policies import ScoreContext, choose_victims, get_policy, rank_victims
+from .procs import ProcessTable, is_alive, me
+from .reports import EvictionResult, PoolStats
+from .units import parse_duration, parse_size
+
+INLINE_COPY_MAX_BYTES = 64 << 10
+"""Copies up to 64 KiB happen under the lock: a 64 KiB memcpy (~5 us) costs
+less than the second lock round trip the seqlock path needs."""
+READ_ATTEMPTS = 4
+"""A large read overtaken by concurrent eviction this many times is a miss."""
+EVICT_BATCH = 1024
+"""Explicit evictions release the lock after this many removals, so other
+processes are never stalled for the whole of a large eviction."""
+VALUE_IS_ARRAY = 2
+_HASH_HALVES = struct.Struct("<qq")
+
+Key = str | bytes
+Value = bytes | np.ndarray
+
+_open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _key_bytes(key: Key) -> tuple[bytes, int]:
+    if isinstance(key, str):
+        data, flags = key.encode("utf-8"), KEY_IS_STR
+    elif isinstance(key, bytes):
+        data, flags = key, 0
+    else:
+        raise InvalidArgument(f"keys must be str or bytes, not {type(key).__name__}")
+    if not 0 < len(data) <= MAX_KEY_BYTES:
+        raise InvalidArgument(f"keys must be 1 to {MAX_KEY_BYTES} bytes long, got {len(data)}")
+    return data, flags
+
+
+def _hash(key: bytes) -> tuple[int, int]:
+    return _HASH_HALVES.unpack(xxhash.xxh3_128_digest(key))  # type: ignore[return-value]
+
+
+class Pool:
+    """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
+
+    Safe to share between threads; every process that opens the same name sees
+    the same entries and counters. Supports ``pool[key]``, ``key in pool``,
+    ``len(pool)`` and ``with`` blocks.
+    """
+
+    def __init__(
+        self,
+        seg: segment.Segment,
+        config: PoolConfig,
+        geometry: Geometry,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self.name = seg.name
+        self.config = config
+        self._segment = seg
+        self._closed = False
+        self._clock = clock
+        self._rng = rng if rng is not None else np.random.default_rng()
+        views = self._views = Views(seg.buffer, geometry)
+        self._hq, self._hd = views.header_q, views.header_d
+        self._eq, self._ed = views.entries_q, views.entries_d
+        self._data = views.data
+        self._page_size = geometry.page_size_bytes
+        self._num_pages = geometry.num_pages
+        self._policy = get_policy(config.policy)
+        data_offset = geometry.data_offset
+        self._allocator = PageAllocator(views, lambda off, n: seg.reserve(data_offset + off, n))
+        self._entries = EntryTable(views)
+        self._index = HashIndex(views)
+        self._procs = ProcessTable(views.procs)
+        self._lock = PoolLock(seg.path, self._hq, self._repair_after_crash)
+        self._me = me()
+        with self._lock:
+            self._procs.attach(*self._me)
+            self._reclaim_dead_writers()
+        _open_pools.add(self)
+
+    # ----------------------------------------------------------------- writes
+
+    def put(self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None) -> None:
+        """Store ``value`` under ``key``, replacing any previous value, evicting as needed.
+
+        Args:
+            key: ``str`` (UTF-8) or ``bytes``, 1 to 1024 bytes.
+            value: a bytes-like object or a numpy array (read back as the same).
+            priority: for the ``priority`` policy; lower is evicted first.
+            ttl: seconds (or ``"10m"``) until the entry expires; default the
+                pool's ``default_ttl_s`` (never, unless configured).
+
+        Raises:
+            ValueTooLargeError: key and value exceed the whole pool.
+            PoolFullError: no room can be made (all space is being written).
+            OutOfSharedMemoryError: /dev/shm is full.
+            InvalidArgument: bad key, value, priority or ttl.
+        """
+        key_bytes, flags = _key_bytes(key)
+        encoded = codec.encode(value)
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
+            raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
+        ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
+        expires_at = self._clock() + ttl_s if ttl_s else math.inf
+        total = len(key_bytes) + len(encoded.header) + encoded.payload.nbytes
+        num_pages = -(-total // self._page_size)
+        if num_pages > self._num_pages:
+            raise ValueTooLargeError(
+                f"key and value need {total} bytes but pool '{self.name}' holds "
+                f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
+            )
+        fields = (flags | (VALUE_IS_ARRAY if encoded.is_array else 0), key_bytes, encoded, num_pages)
+        pieces = (key_bytes, encoded.header, encoded.payload)
+        with self._lock:
+            eid = self._reserve(*fields, priority, expires_at)
+            if total <= INLINE_COPY_MAX_BYTES:
+                self._scatter(eid, pieces)
+                self._publish(eid)
+                return
+            generation = self._eq[eid * ENTRY_WORDS + E.generation]
+        try:
+            self._scatter(eid, pieces)
+        except BaseException:
+            with self._lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                    self._free_entry(eid)
+            raise
+        with self._lock:
+            if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
+                raise CorruptPoolError(
+                    f"an entry of pool '{self.name}' was reclaimed while this live process wrote it: "
+                    "run cortex cache health --repair"
+                )
+            self._publish(eid)
+
+    def __setitem__(self, key: Key, value: Value) -> None:
+        self.put(key, value)
+
+    def delete(self, key: Key) -> bool:
+        """Remove ``key``; return whether it was there."""
+        key_bytes, _ = _key_bytes(key)
+        with self._lock:
+            eid = self._find(key_bytes)
+            if eid < 0:
+                return False
+            self._remove(eid)
+            return True
+
+    def __delitem__(self, key: Key) -> None:
+        if not self.delete(key):
+            raise KeyError(key)
+
+    def evict(
+        self, *, percent: float | None = None, bytes: str | int | None = None, expired: bool = False
+    ) -> EvictionResult:
+        """Evict by the pool's policy, expired entries first.
+
+        Give exactly one of: ``percent`` of the used bytes to free (0-100],
+        ``bytes`` to free (``"100M"``), or ``expired=True`` to drop only expired
+        entries. Unlike the sampling done on put, this ranks every entry.
+
+        Raises:
+            InvalidArgument: none or several targets, or a bad percent or size.
+        """
+        if (percent is not None) + (bytes is not None) + bool(expired) != 1:
+            raise InvalidArgument("evict needs exactly one of percent=, bytes= or expired=True")
+        if percent is not None:
+            if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 < percent <= 100:
+                raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
+        target_bytes = 0 if bytes is None else parse_size(bytes, what="bytes to evict")
+        with self._lock:
+            freed, num_expired = self._sweep_expired(force=True)
+            if percent is not None:
+                target_bytes = math.ceil(self._hq[H.used_pages] * self._page_size * percent / 100)
+            if freed * self._page_size >= target_bytes:
+                return EvictionResult(0, num_expired, freed * self._page_size)
+            ranked = self._rank_all()
+        num_entries = 0
+        for start in range(0, len(ranked), EVICT_BATCH):
+            with self._lock:
+                for eid, generation in ranked[start : start + EVICT_BATCH]:
+                    if freed * self._page_size >= target_bytes:
+                        break
+                    base = eid * ENTRY_WORDS
+                    if self._eq[base + E.generation] == generation and self._eq[base + E.state] == READY:
+                        freed += self._eq[base + E.num_pages]
+                        self._remove(eid)
+                        self._hq[H.evictions] += 1
+                        num_entries += 1
+        return EvictionResult(num_entries, num_expired, freed * self._page_size)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, key: Key) -> Value | None:
+        """A copy of the value under ``key`` (``bytes`` or numpy array), or None on a miss."""
+        key_bytes, _ = _key_bytes(key)
+        for attempt in range(READ_ATTEMPTS):
+            with self._lock:
+                eid = self._lookup(key_bytes, count=attempt == 0)
+                if eid < 0:
+                    return None
+                header, payload, generation = self._value_views(eid)
+                if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
+                    return _materialise(header, payload)
+            value = _materialise(header, payload)
+            with self._lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                    return value
+        return None
+
+    def get_into(self, key: Key, buffer: object) -> int | None:
+        """Copy the value's bytes into ``buffer`` (any writable buffer); None on a miss.
+
+        Returns:
+            The number of bytes written (the value's length).
+
+        Raises:
+            InvalidArgument: ``buffer`` is not writable, not contiguous or too small.
+        """
+        key_bytes, _ = _key_bytes(key)
+        try:
+            target = memoryview(buffer).cast("B")  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise InvalidArgument("get_into needs a writable, contiguous buffer (bytearray, numpy array)") from None
+        if target.readonly:
+            raise InvalidArgument("get_into needs a writable buffer, not a read-only one")
+        for attempt in range(READ_ATTEMPTS):
+            with self._lock:
+                eid = self._lookup(key_bytes, count=attempt == 0)
+                if eid < 0:
+                    return None
+                _, payload, generation = self._value_views(eid)
+                length = self._eq[eid * ENTRY_WORDS + E.value_len]
+                if length > target.nbytes:
+                    raise InvalidArgument(
+                        f"buffer of {target.nbytes} bytes is too small for the {length}-byte value"
+                    )
+                if length <= INLINE_COPY_MAX_BYTES:
+                    _copy_into(target, payload)
+                    return length
+            _copy_into(target, payload)
+            with self._lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                    return length
+        return None
+
+    def __getitem__(self, key: Key) -> Value:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` has a live value (no effect on stats or recency)."""
+        if not isinstance(key, (str, bytes)):
+            return False
+        key_bytes, _ = _key_bytes(key)
+        with self._lock:
+            eid = self._find(key_bytes)
+            return eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
+
+    def __len__(self) -> int:
+        return self._hq[H.num_live]
+
+    def keys(self) -> list[Key]:
+        """The keys of all live (unexpired) entries, in no particular order."""
+        keys: list[Key] = []
+        with self._lock:
+            now = self._clock()
+            for eid in self._entries.live_ids():
+                base = eid * ENTRY_WORDS
+                if self._ed[base + E.expires_at] > now:
+                    key = bytes(self._key_view(eid))
+                    keys.append(key.decode("utf-8") if self._eq[base + E.flags] & KEY_IS_STR else key)
+        return keys
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self.keys())
+
+    def stats(self) -> PoolStats:
+        """Occupancy and counters as every attached process sees them."""
+        with self._lock:
+            h = self._hq
+            counters = {name: h[getattr(H, name)] for name in ("hits", "misses", "puts", "evictions", "expirations", "repairs")}
+            used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
+        return PoolStats(
+            name=self.name,
+            policy=self.config.policy,
+            size_bytes=self.config.size_bytes,
+            used_bytes=used,
+            free_bytes=self.config.size_bytes - used,
+            page_size_bytes=self._page_size,
+            num_entries=num_live,
+            max_entries=self.config.max_entries,
+            attached=tuple(self._procs.live_pids()),
+            **counters,
+        )
+
+    def check(self, repair: bool = False) -> list[str]:
+        """Recount every invariant; return what is wrong ([] when consistent).
+
+        With ``repair=True`` the derived structures (free list, index, live
+        list, counters) are rebuilt from the entry table, dropping entries that
+        are half-written by dead processes or that point outside the pool.
+        """
+        with self._lock:
+            problems = recovery.find_problems(self._recovery_parts())
+            if repair and problems:
+                recovery.rebuild(self._recovery_parts())
+                self._hq[H.repairs] += 1
+            return problems
+
+    # -------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Detach from the pool (which lives on until destroyed); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _open_pools.discard(self)
+        try:
+            with self._lock:
+                self._procs.detach(*self._me)
+        finally:
+            self._lock.close()
+            self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
+            self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
+            self._views.release()
+            self._segment.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} entries"
+        return f"<kvcache.Pool {self.name!r} {self.config.policy} {state}>"
+
+    def _after_fork(self) -> None:
+        self._lock.reopen_after_fork()
+        self._me = me()
+
+    # ------------------------------------------- internals (lock held by caller)
+
+    def _find(self, key_bytes: bytes) -> int:
+        """The READY entry holding exactly ``key_bytes``, or -1."""
+        eid = self._index.find(*_hash(key_bytes))
+        if eid >= 0 and self._key_view(eid) != key_bytes:
+            return -1  # a 128-bit hash collision: treat as absent
+        return eid
+
+    def _key_view(self, eid: int) -> memoryview:
+        base = eid * ENTRY_WORDS
+        start = self._eq[base + E.first_page] * self._page_size
+        return self._data[start : start + self._eq[base + E.key_len]]
+
+    def _lookup(self, key_bytes: bytes, *, count: bool) -> int:
+        """``_find``, dropping an expired entry, counting a hit or miss and touching on a hit."""
+        eid = self._find(key_bytes)
+        h = self._hq
+        if eid >= 0:
+            base = eid * ENTRY_WORDS
+            expires_at = self._ed[base + E.expires_at]
+            if expires_at != math.inf and expires_at <= self._clock():
+                self._remove(eid)
+                h[H.expirations] += 1
+                eid = -1
+        if not count:
+            return eid
+        if eid < 0:
+            h[H.misses] += 1
+            return -1
+        h[H.hits] += 1
+        clock = h[H.clock] + 1
+        h[H.clock] = clock
+        q, d = self._eq, self._ed
+        idle = clock - q[base + E.last_access]
+        d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
+        q[base + E.last_access] = clock
+        return eid
+
+    def _value_views(self, eid: int) -> tuple[bytes, list[memoryview], int]:
+        """The value's codec header, its payload as views of the pages, and its generation."""
+        q, base = self._eq, eid * ENTRY_WORDS
+        key_len, header_len, value_len = q[base + E.key_len], q[base + E.header_len], q[base + E.value_len]
+        runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
+        return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
+
+    def _slices(self, runs: list[Run], start: int, length: int) -> list[memoryview]:
+        """Views of bytes ``[start, start+length)`` of an entry laid over ``runs``."""
+        data, page_size = self._data, self._page_size
+        views: list[memoryview] = []
+        for first, count in runs:
+            run_bytes = count * page_size
+            if start >= run_bytes:
+                start -= run_bytes
+                continue
+            take = min(length, run_bytes - start)
+            offset = first * page_size + start
+            views.append(data[offset : offset + take])
+            length -= take
+            start = 0
+            if not length:
+                break
+        return views
+
+    def _scatter(self, eid: int, pieces: tuple[bytes | memoryview, ...]) -> None:
+        """Copy ``pieces`` back to back into the entry's pages."""
+        q, base = self._eq, eid * ENTRY_WORDS
+        targets = self._slices(
+            self._allocator.runs(q[base + E.first_page], q[base + E.num_pages]),
+            0,
+            sum(len(p) for p in pieces),
+        )
+        _copy_between(targets, pieces)
+
+    def _reserve(
+        self,
+        flags: int,
+        key_bytes: bytes,
+        encoded: codec.Encoded,
+        num_pages: int,
+        priority: int,
+        expires_at: float,
+    ) -> int:
+        """Make room, then take pages and an entry slot in state WRITING; return its id."""
+        self._make_room(num_pages)
+        first, last = self._allocator.allocate(num_pages)
+        eid = self._entries.claim()
+        q, d, base = self._eq, self._ed, eid * ENTRY_WORDS
+        lo, hi = _hash(key_bytes)
+        q[base + E.flags] = flags
+        q[base + E.hash_lo] = lo
+        q[base + E.hash_hi] = hi
+        q[base + E.key_len] = len(key_bytes)
+        q[base + E.header_len] = len(encoded.header)
+        q[base + E.value_len] = encoded.payload.nbytes
+        q[base + E.first_page] = first
+        q[base + E.last_page] = last
+        q[base + E.num_pages] = num_pages
+        q[base + E.priority] = priority
+        d[base + E.expires_at] = expires_at
+        q[base + E.owner_pid], q[base + E.owner_start] = self._me
+        q[base + E.state] = WRITING
+        return eid
+
+    def _publish(self, eid: int) -> None:
+        """Make a WRITING entry READY, replacing an older entry with the same key."""
+        q, d, h, base = self._eq, self._ed, self._hq, eid * ENTRY_WORDS
+        lo = q[base + E.hash_lo]
+        old = self._index.find(lo, q[base + E.hash_hi])
+        if old >= 0:
+            self._remove(old)
+        clock = h[H.clock] + 1
+        h[H.clock] = clock
+        q[base + E.created] = clock
+        q[base + E.last_access] = clock
+        d[base + E.freq] = 1.0
+        q[base + E.state] = READY
+        q[base + E.generation] += 1
+        self._index.insert(eid, lo)
+        self._entries.add_live(eid)
+        h[H.puts] += 1
+        expires_at = d[base + E.expires_at]
+        if expires_at < self._hd[H.next_expiry_at]:
+            self._hd[H.next_expiry_at] = expires_at
+
+    def _remove(self, eid: int) -> None:
+        """Unindex a READY entry and free its pages and slot."""
+        self._index.remove(eid, self._eq[eid * ENTRY_WORDS + E.hash_lo])
+        self._entries.remove_live(eid)
+        self._free_entry(eid)
+
+    def _free_entry(self, eid: int) -> None:
+        q, base = self._eq, eid * ENTRY_WORDS
+        self._allocator.free(q[base + E.first_page], q[base + E.last_page], q[base + E.num_pages])
+        self._entries.release(eid)
+
+    def _make_room(self, num_pages: int) -> None:
+        """Evict (expired entries first) until ``num_pages`` pages and a slot are free."""
+        self._sweep_expired(force=False)
+        allocator, entries = self._allocator, self._entries
+        while allocator.num_available() < num_pages or not entries.has_free_slot():
+            victims = self._choose_victims()
+            if not victims.size:
+                if self._reclaim_dead_writers():
+                    continue
+                raise PoolFullError(
+                    f"pool '{self.name}' has no room: its space is held by values other "
+                    "processes are still writing; retry, or create a larger pool"
+                )
+            exact = self._hq[H.num_live] <= self.config.eviction_samples
+            for eid in victims if exact else victims[: max(1, victims.size // 8)]:
+                if self._eq[eid * ENTRY_WORDS + E.state] != READY:
+                    continue
+                self._remove(eid)
+                self._hq[H.evictions] += 1
+                if allocator.num_available() >= num_pages and entries.has_free_slot():
+                    return
+
+    def _choose_victims(self) -> np.ndarray:
+        live = self._views.live[: self._hq[H.num_live]]
+        return choose_victims(
+            self._policy, self._views.entries, live, self._score_context(),
+            self.config.eviction_samples, self._rng,
+        )
+
+    def _rank_all(self) -> list[tuple[int, int]]:
+        """Every live entry as (id, generation), best victim first."""
+        ids = self._entries.live_ids()
+        records = self._views.entries[ids]
+        order = rank_victims(self._policy, records, self._score_context())
+        return list(zip(ids[order].tolist(), records["generation"][order].tolist()))
+
+    def _score_context(self) -> ScoreContext:
+        return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
+
+    def _sweep_expired(self, *, force: bool) -> tuple[int, int]:
+        """Remove every expired entry (when one may have expired, or if forced).
+
+        Returns:
+            (pages freed, entries removed).
+        """
+        now = self._clock()
+        if not force and self._hd[H.next_expiry_at] > now:
+            return 0, 0
+        records = self._views.entries[: self._hq[H.next_fresh_entry]]
+        ready = records["state"] == READY
+        expired = np.flatnonzero(ready & (records["expires_at"] <= now))
+        freed = int(records["num_pages"][expired].sum())
+        for eid in expired.tolist():
+            self._remove(eid)
+        self._hq[H.expirations] += expired.size
+        remaining = records["expires_at"][records["state"] == READY]
+        self._hd[H.next_expiry_at] = float(remaining.min()) if remaining.size else math.inf
+        return freed, expired.size
+
+    def _reclaim_dead_writers(self) -> int:
+        """Free WRITING entries whose writer died mid-copy; return how many."""
+        records = self._views.entries[: self._hq[H.next_fresh_entry]]
+        reclaimed = 0
+        for eid in np.flatnonzero(records["state"] == WRITING).tolist():
+            base = eid * ENTRY_WORDS
+            if not is_alive(self._eq[base + E.owner_pid], self._eq[base + E.owner_start]):
+                self._free_entry(eid)
+                reclaimed += 1
+        return reclaimed
+
+    def _recovery_parts(self) -> recovery.Parts:
+        return recovery.Parts(self._views, self._allocator, self._entries, self._index)
+
+    def _repair_after_crash(self) -> None:
+        recovery.rebuild(self._recovery_parts())
+        self._hq[H.repairs] += 1
+
+
+def _materialise(header: bytes, payload: list[memoryview]) -> Value:
+    """Copy payload views out as ``bytes``, or as the array ``header`` describes."""
+    if not header:
+        return b"".join(payload)
+    array = codec.new_array(header, sum(len(v) for v in payload))
+    _copy_into(codec.byte_view(array), payload)
+    return array
+
+
+def _copy_into(target: memoryview, sources: list[memoryview]) -> None:
+    offset = 0
+    for source in sources:
+        end = offset + len(source)
+        target[offset:end] = source
+        offset = end
+
+
+def _copy_between(targets: list[memoryview], sources: tuple[bytes | memoryview, ...]) -> None:
+    """Copy a sequence of byte strings into a sequence of windows of equal total length."""
+    windows = iter(targets)
+    window, filled = next(windows), 0
+    for source in sources:
+        done, size = 0, len(source)
+        while done < size:
+            if filled == len(window):
+                window, filled = next(windows), 0
+            take = min(size - done, len(window) - filled)
+            window[filled : filled + take] = source[done : done + take]
+            filled += take
+            done += take
+
+
+def _reopen_locks_after_fork() -> None:
+    for pool in list(_open_pools):
+        pool._after_fork()
+
+
+os.register_at_fork(after_in_child=_reopen_locks_after_fork)
+
+
+# --------------------------------------------------------------- module API
+
+
+def create(
+    name: str,
+    size: str | int,
+    *,
+    policy: str = "lru",
+    page_size: str | int = "64K",
+    max_entries: int | None = None,
+    default_ttl: str | float | None = None,
+    eviction_samples: int = 64,
+    prealloc: bool = False,
+    mode: int = 0o600,
+    clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
+) -> Pool:
+    """Create pool ``name`` of ``size`` (``"16G"``) in /dev/shm and open it.
+
+    Args:
+        policy: eviction policy, see ``kvcache.policies.POLICIES``.
+        page_size: allocation unit, a power of two from 1K to 256M.
+        max_entries: entry slots; default one per page.
+        default_ttl: expiry for puts without a ttl (``"1h"``); default never.
+        eviction_samples: entries scored per eviction (see ``PoolConfig``).
+        prealloc: reserve all memory now rather than as pages are first used.
+        mode: file permissions; ``0o600`` keeps the pool private to its user.
+        clock, rng: injectable time and randomness (tests).
+
+    Raises:
+        PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
+    """
+    segment.validate_name(name)
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        raise InvalidArgument(f"mode must be permission bits such as 0o600, not {mode!r}")
+    config = PoolConfig.build(
+        size,
+        page_size=page_size,
+        policy=policy,
+        max_entries=max_entries,
+        default_ttl=default_ttl,
+        eviction_samples=eviction_samples,
+    )
+    geometry = Geometry.for_config(config)
+
+    def initialise(seg: segment.Segment) -> None:
+        write_header(seg.buffer, config, geometry, clock(), geometry.num_pages if prealloc else 0)
+
+    reserve = geometry.total_bytes if prealloc else geometry.data_offset
+    seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise)
+    return Pool(seg, config, geometry, clock=clock, rng=rng)
+
+
+def open(  # noqa: A001 - the natural name: kvcache.open("llama-cache")
+    name: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
+) -> Pool:
+    """Open the existing pool ``name`` (created by any process).
+
+    Raises:
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
+    """
+    seg = segment.attach(name)
+    try:
+        config, geometry = read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
+        return Pool(seg, config, geometry, clock=clock, rng=rng)
+    except BaseException:
+        seg.close()
+        raise
+
+
+def destroy(name: str) -> None:
+    """Remove pool ``name``. Processes that have it open keep using their mapping.
+
+    Raises:
+        PoolNotFoundError, InvalidArgument.
+    """
+    segment.unlink(name)
+
+
+def list_pools() -> list[str]:
+    """Names of all pools on this machine, sorted."""
+    return segment.list_names()

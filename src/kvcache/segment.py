@@ -1,0 +1,206 @@
+"""Shared-memory files: name checks, exclusive create, attach, reserve, unlink.
+
+A pool is the file ``/dev/shm/kvcache.<name>`` (``$KVCACHE_SHM_DIR`` overrides
+the folder). ``multiprocessing.shared_memory`` is not used: its resource
+tracker unlinks segments when the creating process exits, and a pool must
+outlive ``cortex cache create``.
+
+Creation builds the whole segment under a hidden temporary name and then
+``link()``s it to the final name, which fails if the name exists: other
+processes therefore see either no pool or a complete one, never a half-made
+header, and a failed create leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import (
+    IncompatiblePoolError,
+    InvalidArgument,
+    OutOfSharedMemoryError,
+    PoolExistsError,
+    PoolNotFoundError,
+)
+
+PREFIX = "kvcache."
+MAX_NAME_CHARS = 100
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def shm_dir() -> Path:
+    """The folder that holds pool segments (``/dev/shm`` unless ``$KVCACHE_SHM_DIR``)."""
+    return Path(os.environ.get("KVCACHE_SHM_DIR", "/dev/shm"))
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a safe pool name, else raise :class:`InvalidArgument`.
+
+    Names are 1-100 of letters, digits, ``.``, ``_`` and ``-``, starting with a
+    letter or digit, so they can never leave the shared-memory folder.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"pool name must be non-empty text such as 'llama-cache', not {name!r}")
+    if len(name) > MAX_NAME_CHARS or not _NAME.match(name):
+        raise InvalidArgument(
+            f"pool name {name!r} is not allowed: use 1-{MAX_NAME_CHARS} letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (e.g. 'llama-cache')"
+        )
+    return name
+
+
+def segment_path(name: str) -> Path:
+    """Where pool ``name`` lives."""
+    return shm_dir() / (PREFIX + validate_name(name))
+
+
+def list_names() -> list[str]:
+    """Names of the pools in the shared-memory folder, sorted."""
+    try:
+        files = os.listdir(shm_dir())
+    except FileNotFoundError:
+        return []
+    return sorted(
+        f[len(PREFIX) :] for f in files if f.startswith(PREFIX) and _NAME.match(f[len(PREFIX) :])
+    )
+
+
+class Segment:
+    """One open, mapped pool file."""
+
+    def __init__(self, name: str, path: Path, fd: int, size_bytes: int) -> None:
+        self.name = name
+        self.path = path
+        self.fd = fd
+        self.size_bytes = size_bytes
+        self.buffer = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def reserve(self, offset: int, length: int) -> None:
+        """Back ``[offset, offset+length)`` with memory now, so later stores cannot SIGBUS.
+
+        Raises:
+            OutOfSharedMemoryError: the shared-memory filesystem is full.
+        """
+        try:
+            os.posix_fallocate(self.fd, offset, length)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                raise OutOfSharedMemoryError(
+                    f"{self.path.parent} is full ({length} more bytes needed for pool "
+                    f"'{self.name}'): destroy unused pools, evict, or enlarge it "
+                    "(mount -o remount,size=... /dev/shm)"
+                ) from exc
+            raise
+
+    def close(self) -> None:
+        """Unmap and close; the pool itself lives on."""
+        try:
+            self.buffer.close()
+        except BufferError:
+            pass  # a caller still holds a view (e.g. a numpy array): unmapped when it goes
+        finally:
+            os.close(self.fd)
+
+
+def create(
+    name: str,
+    size_bytes: int,
+    reserve_bytes: int,
+    mode: int,
+    initialise: Callable[[Segment], None],
+) -> Segment:
+    """Create pool file ``name`` exclusively, reserve its first bytes and initialise it.
+
+    Args:
+        size_bytes: length of the file.
+        reserve_bytes: leading bytes to back with memory now (metadata, or all).
+        mode: permission bits, applied regardless of the umask.
+        initialise: writes the header into the new mapping before it is published.
+
+    Raises:
+        PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
+    """
+    final = segment_path(name)
+    if final.exists():
+        raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first")
+    _check_capacity(final.parent, size_bytes, name)
+    temp = final.parent / f".{PREFIX}{name}.{secrets.token_hex(6)}"
+    try:
+        fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileNotFoundError as exc:
+        raise OutOfSharedMemoryError(f"{final.parent} does not exist: is /dev/shm mounted?") from exc
+    segment = None
+    try:
+        os.fchmod(fd, mode)
+        os.ftruncate(fd, size_bytes)
+        segment = Segment(name, final, fd, size_bytes)
+        segment.reserve(0, reserve_bytes)
+        initialise(segment)
+        try:
+            os.link(temp, final)
+        except FileExistsError as exc:
+            raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first") from exc
+    except BaseException:
+        if segment is not None:
+            segment.close()
+        else:
+            os.close(fd)
+        raise
+    finally:
+        os.unlink(temp)
+    return segment
+
+
+def attach(name: str) -> Segment:
+    """Open and map the existing pool file ``name``.
+
+    Raises:
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
+    """
+    path = segment_path(name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise PoolNotFoundError(
+            f"no pool named '{name}': create it (cortex cache create {name} --size 1G) "
+            "or list pools (cortex cache list)"
+        ) from exc
+    except PermissionError as exc:
+        raise PoolNotFoundError(f"pool '{name}' belongs to another user: ask its owner for access") from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IncompatiblePoolError(f"{path} is a symbolic link, not a kvcache pool") from exc
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+        os.close(fd)
+        raise IncompatiblePoolError(f"{path} is not a kvcache pool: remove it or pick another name")
+    return Segment(name, path, fd, info.st_size)
+
+
+def unlink(name: str) -> None:
+    """Remove pool file ``name``; processes that have it mapped keep their mapping."""
+    try:
+        os.unlink(segment_path(name))
+    except FileNotFoundError as exc:
+        raise PoolNotFoundError(f"no pool named '{name}': see cortex cache list") from exc
+
+
+def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:
+    try:
+        fs = os.statvfs(folder)
+    except FileNotFoundError as exc:
+        raise OutOfSharedMemoryError(f"{folder} does not exist: is /dev/shm mounted?") from exc
+    capacity = fs.f_blocks * fs.f_frsize
+    if size_bytes > capacity:
+        raise OutOfSharedMemoryError(
+            f"pool '{name}' needs {size_bytes} bytes but {folder} can hold at most {capacity}: "
+            "choose a smaller --size or enlarge /dev/shm (mount -o remount,size=... /dev/shm)"
+        )
