@@ -1,0 +1,52 @@
+"""Shared fixtures: real pools in /dev/shm with unique names, always destroyed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import kvcache
+
+
+@pytest.fixture
+def pool_name() -> Iterator[str]:
+    """A fresh pool name; whatever pool carries it is destroyed after the test."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    if name in kvcache.list_pools():
+        kvcache.destroy(name)
+
+
+@pytest.fixture
+def make_pool(pool_name: str) -> Iterator[Callable[..., kvcache.Pool]]:
+    """``make_pool(size="4M", **create_kwargs)``: create the test's pool; closed afterwards."""
+    opened: list[kvcache.Pool] = []
+
+    def make(size: str | int = "4M", **kwargs: object) -> kvcache.Pool:
+        pool = kvcache.create(pool_name, size, **kwargs)  # type: ignore[arg-type]
+        opened.append(pool)
+        return pool
+
+    yield make
+    for pool in opened:
+        pool.close()
+
+
+class FakeClock:
+    """An injectable wall clock that moves only when told."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
