@@ -131,17 +131,3 @@ class PageAllocator:
         h[H.num_free_pages] = free_ids.size
         h[H.next_fresh_page] = fresh
         h[H.used_pages] = owned_ids.size
-
-    def free_list_problems(self) -> list[str]:
-        """Walk the free list without trusting it; describe what is wrong."""
-        h, nxt = self._header_q, self._next_q
-        expected = h[H.num_free_pages]
-        page, seen = h[H.free_page_head], 0
-        while page != NO_PAGE and seen <= expected:
-            if not 0 <= page < h[H.next_fresh_page]:
-                return [f"free list reaches page {page}, outside the pages handed out"]
-            seen += 1
-            page = nxt[page]
-        if seen != expected or page != NO_PAGE:
-            return [f"free list holds {'more than ' if page != NO_PAGE else ''}{seen} pages, counter says {expected}"]
-        return []

@@ -24,6 +24,10 @@ class PoolExistsError(KVCacheError, FileExistsError):
     """A pool of that name already exists."""
 
 
+class PoolClosedError(KVCacheError):
+    """The Pool object was closed; open the pool again to use it."""
+
+
 class IncompatiblePoolError(KVCacheError):
     """The segment is not a kvcache pool, or was made by another format version."""
 

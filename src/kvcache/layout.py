@@ -123,9 +123,27 @@ KEY_IS_STR = 1
 NO_PAGE = -1
 
 ENTRY_WORDS = ENTRY_DTYPE.itemsize // 8
-H = type("HeaderWords", (), {n: f[1] // 8 for n, f in HEADER_DTYPE.fields.items()})
+
+
+class _WordIndex:
+    """The 8-byte word index of every field of a structured dtype, as attributes.
+
+    Attributes live in the instance dict, so a lookup on the hot path is a plain
+    attribute read; ``__getattr__`` only serves unknown names (and tells mypy
+    that every name is an ``int``).
+    """
+
+    def __init__(self, dtype: np.dtype) -> None:
+        for name, (_, offset) in dtype.fields.items():  # type: ignore[union-attr, misc]
+            setattr(self, name, offset // 8)
+
+    def __getattr__(self, name: str) -> int:
+        raise AttributeError(f"no field named {name!r}")
+
+
+H = _WordIndex(HEADER_DTYPE)
 """Word index of each header field: ``header_q[H.clock]``."""
-E = type("EntryWords", (), {n: f[1] // 8 for n, f in ENTRY_DTYPE.fields.items()})
+E = _WordIndex(ENTRY_DTYPE)
 """Word index of each entry field: ``entries_q[eid * ENTRY_WORDS + E.state]``."""
 
 
@@ -197,11 +215,17 @@ class Views:
         self.header = np.ndarray((), HEADER_DTYPE, buffer=buffer, offset=0)
         self.header_q = raw[:HEADER_BYTES].cast("q")
         self.header_d = raw[:HEADER_BYTES].cast("d")
-        entry_bytes = raw[g.entries_offset : g.entries_offset + g.max_entries * ENTRY_DTYPE.itemsize]
+        entry_bytes = raw[
+            g.entries_offset : g.entries_offset + g.max_entries * ENTRY_DTYPE.itemsize
+        ]
         self.entries_q = entry_bytes.cast("q")
         self.entries_d = entry_bytes.cast("d")
-        self.entries = np.ndarray((g.max_entries,), ENTRY_DTYPE, buffer=buffer, offset=g.entries_offset)
-        self.procs = np.ndarray((g.max_processes,), PROC_DTYPE, buffer=buffer, offset=g.procs_offset)
+        self.entries = np.ndarray(
+            (g.max_entries,), ENTRY_DTYPE, buffer=buffer, offset=g.entries_offset
+        )
+        self.procs = np.ndarray(
+            (g.max_processes,), PROC_DTYPE, buffer=buffer, offset=g.procs_offset
+        )
         self.live_q = raw[g.live_offset : g.live_offset + g.max_entries * 8].cast("q")
         self.live = np.ndarray((g.max_entries,), np.int64, buffer=buffer, offset=g.live_offset)
         self.index_q = raw[g.index_offset : g.index_offset + g.index_slots * 8].cast("q")
@@ -248,10 +272,14 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
             geometry that does not match the file (so no offset can point outside it).
     """
     if file_bytes < HEADER_BYTES:
-        raise IncompatiblePoolError(f"{where} is not a kvcache pool (too small): remove it or pick another name")
+        raise IncompatiblePoolError(
+            f"{where} is not a kvcache pool (too small): remove it or pick another name"
+        )
     header = np.ndarray((), HEADER_DTYPE, buffer=buffer, offset=0)
     if header["magic"].item() != MAGIC:
-        raise IncompatiblePoolError(f"{where} is not a kvcache pool: remove it or pick another name")
+        raise IncompatiblePoolError(
+            f"{where} is not a kvcache pool: remove it or pick another name"
+        )
     version = int(header["format_version"])
     if version != FORMAT_VERSION:
         raise IncompatiblePoolError(
@@ -271,11 +299,14 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
             max_processes=int(header["max_processes"]),
         )
     except (ValueError, UnicodeDecodeError) as exc:
-        raise IncompatiblePoolError(f"{where} has a damaged header ({exc}): destroy and recreate it") from exc
+        raise IncompatiblePoolError(
+            f"{where} has a damaged header ({exc}): destroy and recreate it"
+        ) from exc
     geometry = Geometry.for_config(config)
     stored = {name: int(header[name]) for name in Geometry.__dataclass_fields__}
     if stored != vars(geometry) or geometry.total_bytes != file_bytes:
         raise IncompatiblePoolError(
-            f"{where} has a damaged header (its geometry does not match the file): destroy and recreate it"
+            f"{where} has a damaged header (its geometry does not match the file): "
+            "destroy and recreate it"
         )
     return config, geometry

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from .errors import KVCacheError
+from .errors import KVCacheError, PoolClosedError
 from .layout import H
 
 
@@ -85,3 +85,18 @@ class PoolLock:
     def close(self) -> None:
         """Release the descriptor (never while held)."""
         os.close(self._fd)
+
+
+class ClosedLock:
+    """Stands in for the lock of a closed pool, so any use fails clearly (at no cost before)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __enter__(self) -> None:
+        raise PoolClosedError(
+            f"pool '{self._name}' was closed here: kvcache.open('{self._name}') again"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        pass  # never reached: __enter__ always raises

@@ -38,8 +38,19 @@ from .errors import (
     ValueTooLargeError,
 )
 from .index import HashIndex
-from .layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, Geometry, H, Views, read_header, write_header
-from .lock import PoolLock
+from .layout import (
+    ENTRY_WORDS,
+    KEY_IS_STR,
+    READY,
+    WRITING,
+    E,
+    Geometry,
+    H,
+    Views,
+    read_header,
+    write_header,
+)
+from .lock import ClosedLock, PoolLock
 from .policies import ScoreContext, choose_victims, get_policy, rank_victims
 from .procs import ProcessTable, is_alive, me
 from .reports import EvictionResult, PoolStats
@@ -122,7 +133,9 @@ class Pool:
 
     # ----------------------------------------------------------------- writes
 
-    def put(self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None) -> None:
+    def put(
+        self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None
+    ) -> None:
         """Store ``value`` under ``key``, replacing any previous value, evicting as needed.
 
         Args:
@@ -151,7 +164,12 @@ class Pool:
                 f"key and value need {total} bytes but pool '{self.name}' holds "
                 f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
             )
-        fields = (flags | (VALUE_IS_ARRAY if encoded.is_array else 0), key_bytes, encoded, num_pages)
+        fields = (
+            flags | (VALUE_IS_ARRAY if encoded.is_array else 0),
+            key_bytes,
+            encoded,
+            num_pages,
+        )
         pieces = (key_bytes, encoded.header, encoded.payload)
         with self._lock:
             eid = self._reserve(*fields, priority, expires_at)
@@ -170,8 +188,8 @@ class Pool:
         with self._lock:
             if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
                 raise CorruptPoolError(
-                    f"an entry of pool '{self.name}' was reclaimed while this live process wrote it: "
-                    "run cortex cache health --repair"
+                    f"an entry of pool '{self.name}' was reclaimed while this live process "
+                    "wrote it: run cortex cache health --repair"
                 )
             self._publish(eid)
 
@@ -206,9 +224,12 @@ class Pool:
         """
         if (percent is not None) + (bytes is not None) + bool(expired) != 1:
             raise InvalidArgument("evict needs exactly one of percent=, bytes= or expired=True")
-        if percent is not None:
-            if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 < percent <= 100:
-                raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
+        if percent is not None and (
+            isinstance(percent, bool)
+            or not isinstance(percent, (int, float))
+            or not 0 < percent <= 100
+        ):
+            raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
         target_bytes = 0 if bytes is None else parse_size(bytes, what="bytes to evict")
         with self._lock:
             freed, num_expired = self._sweep_expired(force=True)
@@ -224,7 +245,10 @@ class Pool:
                     if freed * self._page_size >= target_bytes:
                         break
                     base = eid * ENTRY_WORDS
-                    if self._eq[base + E.generation] == generation and self._eq[base + E.state] == READY:
+                    if (
+                        self._eq[base + E.generation] == generation
+                        and self._eq[base + E.state] == READY
+                    ):
                         freed += self._eq[base + E.num_pages]
                         self._remove(eid)
                         self._hq[H.evictions] += 1
@@ -263,7 +287,9 @@ class Pool:
         try:
             target = memoryview(buffer).cast("B")  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            raise InvalidArgument("get_into needs a writable, contiguous buffer (bytearray, numpy array)") from None
+            raise InvalidArgument(
+                "get_into needs a writable, contiguous buffer (bytearray, numpy array)"
+            ) from None
         if target.readonly:
             raise InvalidArgument("get_into needs a writable buffer, not a read-only one")
         for attempt in range(READ_ATTEMPTS):
@@ -302,7 +328,8 @@ class Pool:
             return eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
 
     def __len__(self) -> int:
-        return self._hq[H.num_live]
+        with self._lock:
+            return self._hq[H.num_live]
 
     def keys(self) -> list[Key]:
         """The keys of all live (unexpired) entries, in no particular order."""
@@ -313,7 +340,9 @@ class Pool:
                 base = eid * ENTRY_WORDS
                 if self._ed[base + E.expires_at] > now:
                     key = bytes(self._key_view(eid))
-                    keys.append(key.decode("utf-8") if self._eq[base + E.flags] & KEY_IS_STR else key)
+                    keys.append(
+                        key.decode("utf-8") if self._eq[base + E.flags] & KEY_IS_STR else key
+                    )
         return keys
 
     def __iter__(self) -> Iterator[Key]:
@@ -323,7 +352,10 @@ class Pool:
         """Occupancy and counters as every attached process sees them."""
         with self._lock:
             h = self._hq
-            counters = {name: h[getattr(H, name)] for name in ("hits", "misses", "puts", "evictions", "expirations", "repairs")}
+            counters = {
+                name: h[getattr(H, name)]
+                for name in ("hits", "misses", "puts", "evictions", "expirations", "repairs")
+            }
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
         return PoolStats(
             name=self.name,
@@ -365,6 +397,7 @@ class Pool:
                 self._procs.detach(*self._me)
         finally:
             self._lock.close()
+            self._lock = ClosedLock(self.name)  # type: ignore[assignment]
             self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
             self._views.release()
@@ -374,7 +407,10 @@ class Pool:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -428,7 +464,11 @@ class Pool:
     def _value_views(self, eid: int) -> tuple[bytes, list[memoryview], int]:
         """The value's codec header, its payload as views of the pages, and its generation."""
         q, base = self._eq, eid * ENTRY_WORDS
-        key_len, header_len, value_len = q[base + E.key_len], q[base + E.header_len], q[base + E.value_len]
+        key_len, header_len, value_len = (
+            q[base + E.key_len],
+            q[base + E.header_len],
+            q[base + E.value_len],
+        )
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
@@ -454,12 +494,15 @@ class Pool:
     def _scatter(self, eid: int, pieces: tuple[bytes | memoryview, ...]) -> None:
         """Copy ``pieces`` back to back into the entry's pages."""
         q, base = self._eq, eid * ENTRY_WORDS
-        targets = self._slices(
-            self._allocator.runs(q[base + E.first_page], q[base + E.num_pages]),
-            0,
-            sum(len(p) for p in pieces),
-        )
-        _copy_between(targets, pieces)
+        runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        if len(runs) == 1:  # adjacent pages (always, for values of one page): plain slices
+            offset = runs[0][0] * self._page_size
+            for piece in pieces:
+                end = offset + len(piece)
+                self._data[offset:end] = piece
+                offset = end
+            return
+        _copy_between(self._slices(runs, 0, sum(len(p) for p in pieces)), pieces)
 
     def _reserve(
         self,
@@ -548,8 +591,12 @@ class Pool:
     def _choose_victims(self) -> np.ndarray:
         live = self._views.live[: self._hq[H.num_live]]
         return choose_victims(
-            self._policy, self._views.entries, live, self._score_context(),
-            self.config.eviction_samples, self._rng,
+            self._policy,
+            self._views.entries,
+            live,
+            self._score_context(),
+            self.config.eviction_samples,
+            self._rng,
         )
 
     def _rank_all(self) -> list[tuple[int, int]]:
@@ -557,7 +604,7 @@ class Pool:
         ids = self._entries.live_ids()
         records = self._views.entries[ids]
         order = rank_victims(self._policy, records, self._score_context())
-        return list(zip(ids[order].tolist(), records["generation"][order].tolist()))
+        return list(zip(ids[order].tolist(), records["generation"][order].tolist(), strict=True))
 
     def _score_context(self) -> ScoreContext:
         return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
@@ -653,6 +700,7 @@ def create(
     max_entries: int | None = None,
     default_ttl: str | float | None = None,
     eviction_samples: int = 64,
+    lfu_half_life: int | None = None,
     prealloc: bool = False,
     mode: int = 0o600,
     clock: Callable[[], float] = time.time,
@@ -666,6 +714,7 @@ def create(
         max_entries: entry slots; default one per page.
         default_ttl: expiry for puts without a ttl (``"1h"``); default never.
         eviction_samples: entries scored per eviction (see ``PoolConfig``).
+        lfu_half_life: clock ticks after which an idle LFU count halves.
         prealloc: reserve all memory now rather than as pages are first used.
         mode: file permissions; ``0o600`` keeps the pool private to its user.
         clock, rng: injectable time and randomness (tests).
@@ -683,6 +732,7 @@ def create(
         max_entries=max_entries,
         default_ttl=default_ttl,
         eviction_samples=eviction_samples,
+        lfu_half_life=lfu_half_life,
     )
     geometry = Geometry.for_config(config)
 
@@ -694,7 +744,7 @@ def create(
     return Pool(seg, config, geometry, clock=clock, rng=rng)
 
 
-def open(  # noqa: A001 - the natural name: kvcache.open("llama-cache")
+def open(
     name: str,
     *,
     clock: Callable[[], float] = time.time,

@@ -88,5 +88,9 @@ class ProcessTable:
     def live_pids(self) -> list[int]:
         """Pids of attached processes that are still running, sorted, each once."""
         return sorted(
-            {int(pid) for pid, start in self._table[self._table["pid"] != 0] if is_alive(int(pid), int(start))}
+            {
+                int(pid)
+                for pid, start in self._table[self._table["pid"] != 0]
+                if is_alive(int(pid), int(start))
+            }
         )

@@ -89,7 +89,11 @@ def _entry_problem(parts: Parts, eid: int, newest: bool, owned: np.ndarray) -> s
         return "an older duplicate of a key stored again"
     lengths = (q[base + E.key_len], q[base + E.header_len], q[base + E.value_len])
     num_pages = q[base + E.num_pages]
-    if min(lengths) < 0 or lengths[0] < 1 or num_pages != max(1, math.ceil(sum(lengths) / page_size)):
+    if (
+        min(lengths) < 0
+        or lengths[0] < 1
+        or num_pages != max(1, math.ceil(sum(lengths) / page_size))
+    ):
         return f"lengths {lengths} do not match its {num_pages} pages"
     try:
         runs = parts.allocator.runs(q[base + E.first_page], num_pages)
@@ -112,7 +116,9 @@ def find_problems(parts: Parts) -> list[str]:
     problems = survey.problems
     ready = set(survey.ready)
     if h[H.used_pages] != int(survey.owned.sum()):
-        problems.append(f"used pages counter is {h[H.used_pages]}, entries hold {int(survey.owned.sum())}")
+        problems.append(
+            f"used pages counter is {h[H.used_pages]}, entries hold {int(survey.owned.sum())}"
+        )
     expected_free = set(np.flatnonzero(~survey.owned[: h[H.next_fresh_page]]).tolist())
     free = _walk_free_list(v, len(expected_free))
     if free != expected_free:
@@ -121,16 +127,25 @@ def find_problems(parts: Parts) -> list[str]:
             f"({len(free - expected_free)} wrong, {len(expected_free - free)} leaked)"
         )
     if h[H.num_free_pages] != len(expected_free):
-        problems.append(f"free pages counter is {h[H.num_free_pages]}, {len(expected_free)} expected")
+        problems.append(
+            f"free pages counter is {h[H.num_free_pages]}, {len(expected_free)} expected"
+        )
     if set(parts.index.indexed_ids()) != ready or any(
-        parts.index.find(v.entries_q[e * ENTRY_WORDS + E.hash_lo], v.entries_q[e * ENTRY_WORDS + E.hash_hi]) != e
+        parts.index.find(
+            v.entries_q[e * ENTRY_WORDS + E.hash_lo], v.entries_q[e * ENTRY_WORDS + E.hash_hi]
+        )
+        != e
         for e in ready
     ):
         problems.append("key index does not match the ready entries")
     num_live = h[H.num_live]
     live = v.live[: max(0, min(num_live, v.geometry.max_entries))]
-    if num_live != len(ready) or set(live.tolist()) != ready or any(
-        v.entries_q[e * ENTRY_WORDS + E.live_pos] != pos for pos, e in enumerate(live.tolist())
+    if (
+        num_live != len(ready)
+        or set(live.tolist()) != ready
+        or any(
+            v.entries_q[e * ENTRY_WORDS + E.live_pos] != pos for pos, e in enumerate(live.tolist())
+        )
     ):
         problems.append(f"live list ({num_live} ids) does not match the {len(ready)} ready entries")
     return problems

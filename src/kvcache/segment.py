@@ -47,7 +47,9 @@ def validate_name(name: str) -> str:
     letter or digit, so they can never leave the shared-memory folder.
     """
     if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"pool name must be non-empty text such as 'llama-cache', not {name!r}")
+        raise InvalidArgument(
+            f"pool name must be non-empty text such as 'llama-cache', not {name!r}"
+        )
     if len(name) > MAX_NAME_CHARS or not _NAME.match(name):
         raise InvalidArgument(
             f"pool name {name!r} is not allowed: use 1-{MAX_NAME_CHARS} letters, digits, '.', '_' "
@@ -135,7 +137,9 @@ def create(
     try:
         fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except FileNotFoundError as exc:
-        raise OutOfSharedMemoryError(f"{final.parent} does not exist: is /dev/shm mounted?") from exc
+        raise OutOfSharedMemoryError(
+            f"{final.parent} does not exist: is /dev/shm mounted?"
+        ) from exc
     segment = None
     try:
         os.fchmod(fd, mode)
@@ -146,7 +150,9 @@ def create(
         try:
             os.link(temp, final)
         except FileExistsError as exc:
-            raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first") from exc
+            raise PoolExistsError(
+                f"pool '{name}' already exists: open it, or destroy it first"
+            ) from exc
     except BaseException:
         if segment is not None:
             segment.close()
@@ -173,7 +179,9 @@ def attach(name: str) -> Segment:
             "or list pools (cortex cache list)"
         ) from exc
     except PermissionError as exc:
-        raise PoolNotFoundError(f"pool '{name}' belongs to another user: ask its owner for access") from exc
+        raise PoolNotFoundError(
+            f"pool '{name}' belongs to another user: ask its owner for access"
+        ) from exc
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise IncompatiblePoolError(f"{path} is a symbolic link, not a kvcache pool") from exc

@@ -64,7 +64,9 @@ def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
             raise InvalidArgument(f"{what} {text!r} has an unknown unit {unit!r}: use s, m, h or d")
         seconds = number * _DURATION_UNITS[unit.upper()]
     if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidArgument(f"{what} must be a positive duration, got {text!r}: use e.g. 90s or 1h")
+        raise InvalidArgument(
+            f"{what} must be a positive duration, got {text!r}: use e.g. 90s or 1h"
+        )
     return seconds
 
 
