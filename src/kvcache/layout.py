@@ -82,6 +82,7 @@ HEADER_DTYPE = np.dtype(
         ("num_live", "<i8"),  # READY entries
         ("used_pages", "<i8"),  # pages held by READY and WRITING entries
         ("next_expiry_at", "<f8"),  # lower bound of live expiries; inf = none
+        ("next_sweep_puts", "<i8"),  # no unforced expiry sweep before this many puts
         ("hits", "<i8"),
         ("misses", "<i8"),
         ("puts", "<i8"),

@@ -64,6 +64,8 @@ READ_ATTEMPTS = 4
 EVICT_BATCH = 1024
 """Explicit evictions release the lock after this many removals, so other
 processes are never stalled for the whole of a large eviction."""
+SWEEP_SPACING = 64
+"""Unforced expiry sweeps are at least num_live / 64 puts apart (see _sweep_expired)."""
 VALUE_IS_ARRAY = 2
 _HASH_HALVES = struct.Struct("<qq")
 
@@ -610,14 +612,21 @@ class Pool:
         return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
 
     def _sweep_expired(self, *, force: bool) -> tuple[int, int]:
-        """Remove every expired entry (when one may have expired, or if forced).
+        """Remove every expired entry, if forced or if one may have expired.
+
+        A sweep scans the whole table (vectorised), so unforced sweeps are
+        spaced at least ``num_live / SWEEP_SPACING`` puts apart: with entries
+        expiring continuously, a sweep per put would make puts O(entries).
+        Between sweeps an expired entry is still never returned, and ranks
+        first whenever an eviction sample meets it.
 
         Returns:
             (pages freed, entries removed).
         """
-        now = self._clock()
-        if not force and self._hd[H.next_expiry_at] > now:
+        now, h = self._clock(), self._hq
+        if not force and (self._hd[H.next_expiry_at] > now or h[H.puts] < h[H.next_sweep_puts]):
             return 0, 0
+        h[H.next_sweep_puts] = h[H.puts] + h[H.num_live] // SWEEP_SPACING
         records = self._views.entries[: self._hq[H.next_fresh_entry]]
         ready = records["state"] == READY
         expired = np.flatnonzero(ready & (records["expires_at"] <= now))
