@@ -169,7 +169,8 @@ class Pool:
         fields = (
             flags | (VALUE_IS_ARRAY if encoded.is_array else 0),
             key_bytes,
-            encoded,
+            len(encoded.header),
+            encoded.payload.nbytes,
             num_pages,
         )
         pieces = (key_bytes, encoded.header, encoded.payload)
@@ -510,7 +511,8 @@ class Pool:
         self,
         flags: int,
         key_bytes: bytes,
-        encoded: codec.Encoded,
+        header_len: int,
+        value_len: int,
         num_pages: int,
         priority: int,
         expires_at: float,
@@ -525,8 +527,8 @@ class Pool:
         q[base + E.hash_lo] = lo
         q[base + E.hash_hi] = hi
         q[base + E.key_len] = len(key_bytes)
-        q[base + E.header_len] = len(encoded.header)
-        q[base + E.value_len] = encoded.payload.nbytes
+        q[base + E.header_len] = header_len
+        q[base + E.value_len] = value_len
         q[base + E.first_page] = first
         q[base + E.last_page] = last
         q[base + E.num_pages] = num_pages
