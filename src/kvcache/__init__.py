@@ -14,6 +14,7 @@ parts, bottom up (each module opens with its own overview):
 - ``codec``     bytes and numpy arrays in and out of pages, never pickled
 - ``recovery``  consistency check and repair from the entry table
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
+- ``snapshot``  persist to a file and restore: format, atomic writes, checks
 
 Typical use::
 
@@ -35,10 +36,12 @@ from .errors import (
     PoolExistsError,
     PoolFullError,
     PoolNotFoundError,
+    SnapshotError,
     ValueTooLargeError,
 )
 from .pool import Pool, create, destroy, list_pools, open
 from .reports import EvictionResult, PoolStats
+from .snapshot import RestoreReport, SnapshotInfo, inspect_snapshot, restore, restore_with_report
 from .units import format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -57,12 +60,18 @@ __all__ = [
     "PoolFullError",
     "PoolNotFoundError",
     "PoolStats",
+    "RestoreReport",
+    "SnapshotError",
+    "SnapshotInfo",
     "ValueTooLargeError",
     "create",
     "destroy",
     "format_size",
+    "inspect_snapshot",
     "list_pools",
     "open",
     "parse_duration",
     "parse_size",
+    "restore",
+    "restore_with_report",
 ]

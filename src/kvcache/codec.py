@@ -71,7 +71,7 @@ def _encode_array(array: np.ndarray) -> Encoded:
         )
     if array.ndim > MAX_NDIM:
         raise InvalidArgument(f"arrays may have at most {MAX_NDIM} dimensions, not {array.ndim}")
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d 1-d
     dtype = array.dtype.str.encode("ascii")
     header = (
         _PREFIX.pack(array.ndim, len(dtype)) + dtype + struct.pack(f"<{array.ndim}q", *array.shape)

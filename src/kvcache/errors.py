@@ -44,5 +44,9 @@ class ValueTooLargeError(PoolFullError, InvalidArgument):
     """The value (with its key) is larger than the whole pool."""
 
 
+class SnapshotError(KVCacheError):
+    """A snapshot file is missing, unreadable, damaged or could not be written."""
+
+
 class OutOfSharedMemoryError(KVCacheError, OSError):
     """The shared-memory filesystem (/dev/shm) has no room for the pool's pages."""

@@ -22,6 +22,7 @@ import struct
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import TracebackType
 
 import numpy as np
@@ -71,6 +72,8 @@ _HASH_HALVES = struct.Struct("<qq")
 
 Key = str | bytes
 Value = bytes | np.ndarray
+History = tuple[int, int, float]
+"""An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
 
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
@@ -387,6 +390,20 @@ class Pool:
                 self._hq[H.repairs] += 1
             return problems
 
+    def persist(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Path:
+        """Write a snapshot of this pool (see :func:`kvcache.snapshot.persist`); return its path.
+
+        Raises:
+            SnapshotError: the file cannot be written; any previous snapshot is kept.
+        """
+        from .snapshot import persist  # the snapshot layer sits above the pool
+
+        return persist(self, path, progress)
+
     # -------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
@@ -538,8 +555,12 @@ class Pool:
         q[base + E.state] = WRITING
         return eid
 
-    def _publish(self, eid: int) -> None:
-        """Make a WRITING entry READY, replacing an older entry with the same key."""
+    def _publish(self, eid: int, history: History | None = None) -> None:
+        """Make a WRITING entry READY, replacing an older entry with the same key.
+
+        ``history`` (created, last access, frequency) restores an entry's policy
+        metadata from a snapshot; a fresh put starts at the current clock.
+        """
         q, d, h, base = self._eq, self._ed, self._hq, eid * ENTRY_WORDS
         lo = q[base + E.hash_lo]
         old = self._index.find(lo, q[base + E.hash_hi])
@@ -547,9 +568,10 @@ class Pool:
             self._remove(old)
         clock = h[H.clock] + 1
         h[H.clock] = clock
-        q[base + E.created] = clock
-        q[base + E.last_access] = clock
-        d[base + E.freq] = 1.0
+        created, last_access, freq = history or (clock, clock, 1.0)
+        q[base + E.created] = created
+        q[base + E.last_access] = last_access
+        d[base + E.freq] = freq
         q[base + E.state] = READY
         q[base + E.generation] += 1
         self._index.insert(eid, lo)
@@ -650,6 +672,64 @@ class Pool:
                 self._free_entry(eid)
                 reclaimed += 1
         return reclaimed
+
+    # ------------------------------------ hooks for kvcache.snapshot (take the lock)
+
+    def _snapshot_table(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """The logical clock, and ids and record copies of live, unexpired entries."""
+        with self._lock:
+            ids = self._entries.live_ids()
+            records = self._views.entries[ids]
+            alive = records["expires_at"] > self._clock()
+            return self._hq[H.clock], ids[alive], records[alive]
+
+    def _entry_views(self, eid: int, generation: int) -> list[memoryview] | None:
+        """Views of an entry's bytes (key | header | payload) if it is still that READY entry."""
+        with self._lock:
+            base = eid * ENTRY_WORDS
+            if self._eq[base + E.generation] != generation or self._eq[base + E.state] != READY:
+                return None
+            runs = self._allocator.runs(self._eq[base + E.first_page], self._eq[base + E.num_pages])
+            total = sum(self._eq[base + f] for f in (E.key_len, E.header_len, E.value_len))
+            return self._slices(runs, 0, total)
+
+    def _is_current(self, eid: int, generation: int) -> bool:
+        """Whether entry ``eid`` is unchanged since ``generation`` was read."""
+        with self._lock:
+            return self._eq[eid * ENTRY_WORDS + E.generation] == generation
+
+    def _restore_entry(
+        self,
+        key_bytes: bytes,
+        flags: int,
+        header_len: int,
+        value_len: int,
+        priority: int,
+        expires_at: float,
+        history: History,
+        fill: Callable[[list[memoryview]], bool],
+    ) -> bool:
+        """Store an entry whose bytes ``fill`` writes into its pages; False if ``fill`` refused."""
+        total = len(key_bytes) + header_len + value_len
+        num_pages = -(-total // self._page_size)
+        with self._lock:
+            eid = self._reserve(
+                flags, key_bytes, header_len, value_len, num_pages, priority, expires_at
+            )
+            runs = self._allocator.runs(self._eq[eid * ENTRY_WORDS + E.first_page], num_pages)
+        try:
+            accepted = fill(self._slices(runs, 0, total))
+        except BaseException:
+            with self._lock:
+                self._free_entry(eid)
+            raise
+        with self._lock:
+            if accepted:
+                self._publish(eid, history)
+                self._hq[H.clock] = max(self._hq[H.clock], history[1])
+            else:
+                self._free_entry(eid)
+        return accepted
 
     def _recovery_parts(self) -> recovery.Parts:
         return recovery.Parts(self._views, self._allocator, self._entries, self._index)

@@ -117,6 +117,8 @@ def create(
     reserve_bytes: int,
     mode: int,
     initialise: Callable[[Segment], None],
+    *,
+    hidden: bool = False,
 ) -> Segment:
     """Create pool file ``name`` exclusively, reserve its first bytes and initialise it.
 
@@ -125,12 +127,15 @@ def create(
         reserve_bytes: leading bytes to back with memory now (metadata, or all).
         mode: permission bits, applied regardless of the umask.
         initialise: writes the header into the new mapping before it is published.
+        hidden: leave the segment under its hidden temporary name until
+            :func:`publish` (a restore fills it first); a failed create or an
+            unpublished, discarded segment leaves no trace.
 
     Raises:
         PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
     """
     final = segment_path(name)
-    if final.exists():
+    if final.exists() and not hidden:
         raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first")
     _check_capacity(final.parent, size_bytes, name)
     temp = final.parent / f".{PREFIX}{name}.{secrets.token_hex(6)}"
@@ -144,24 +149,42 @@ def create(
     try:
         os.fchmod(fd, mode)
         os.ftruncate(fd, size_bytes)
-        segment = Segment(name, final, fd, size_bytes)
+        segment = Segment(name, temp, fd, size_bytes)
         segment.reserve(0, reserve_bytes)
         initialise(segment)
-        try:
-            os.link(temp, final)
-        except FileExistsError as exc:
-            raise PoolExistsError(
-                f"pool '{name}' already exists: open it, or destroy it first"
-            ) from exc
+        if not hidden:
+            publish(segment, replace=False)
     except BaseException:
         if segment is not None:
             segment.close()
         else:
             os.close(fd)
+        temp.unlink(missing_ok=True)
         raise
-    finally:
-        os.unlink(temp)
     return segment
+
+
+def publish(segment: Segment, *, replace: bool) -> None:
+    """Give a segment created with ``hidden=True`` its pool name.
+
+    Without ``replace`` this fails if the name is taken; with it, the old pool
+    is replaced in one step (processes that have it open keep the old one).
+
+    Raises:
+        PoolExistsError: the name is taken and ``replace`` is False.
+    """
+    final = segment_path(segment.name)
+    if replace:
+        os.rename(segment.path, final)
+    else:
+        try:
+            os.link(segment.path, final)
+        except FileExistsError as exc:
+            raise PoolExistsError(
+                f"pool '{segment.name}' already exists: open it, or destroy it first"
+            ) from exc
+        os.unlink(segment.path)
+    segment.path = final
 
 
 def attach(name: str) -> Segment:

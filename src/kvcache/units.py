@@ -35,7 +35,9 @@ def parse_size(text: str | float, *, what: str = "size") -> int:
     """
     if isinstance(text, bool):
         raise InvalidArgument(f"{what} must be a size such as 16G or 512M, not {text!r}")
-    if isinstance(text, (int, float)):
+    if isinstance(text, int):
+        size = text  # exact: never through float, so 10**400 is absurd, not an OverflowError
+    elif isinstance(text, float):
         size = math.floor(text) if math.isfinite(text) else -1
     else:
         number, unit = _split(text, what, "16G, 512M, 1.5G, 64K or 4096")
@@ -44,7 +46,8 @@ def parse_size(text: str | float, *, what: str = "size") -> int:
             raise InvalidArgument(
                 f"{what} {text!r} has an unknown unit {unit!r}: use K, M, G, T (binary) or none"
             )
-        size = math.floor(number * _SIZE_UNITS[unit])
+        scaled = number * _SIZE_UNITS[unit]  # inf for 400 digits: absurd, not an OverflowError
+        size = math.floor(scaled) if math.isfinite(scaled) else MAX_SIZE_BYTES + 1
     if size <= 0:
         raise InvalidArgument(f"{what} must be positive, got {text!r}: use e.g. 16G or 512M")
     if size > MAX_SIZE_BYTES:
@@ -57,7 +60,10 @@ def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
     if isinstance(text, bool):
         raise InvalidArgument(f"{what} must be a duration such as 90s or 1h, not {text!r}")
     if isinstance(text, (int, float)):
-        seconds = float(text)
+        try:
+            seconds = float(text)
+        except OverflowError:  # an int beyond float range (10**400): absurd, rejected below
+            seconds = math.inf
     else:
         number, unit = _split(text, what, "90s, 15m, 1h or 2d")
         if unit.upper() not in _DURATION_UNITS:

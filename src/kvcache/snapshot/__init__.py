@@ -1,0 +1,357 @@
+"""Persist a pool to a file and restore it: warm restarts after a reboot.
+
+- ``format``: the versioned binary layout and the validation of what is read.
+- ``files``: default locations and crash-safe (temp + fsync + rename) writing.
+- this module: ``persist``, ``restore`` and ``inspect_snapshot``.
+
+Persisting never stops other processes for long: the lock is taken per entry,
+only to find its pages and then to confirm that the entry did not change while
+its bytes were written (the same seqlock readers use); an entry that changed
+is left out. Restoring builds the new pool under a hidden name and swaps it in
+only when it is complete, so a bad file never harms the pool it would replace.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from dataclasses import replace as replace_fields
+from pathlib import Path
+
+import numpy as np
+
+from .. import segment
+from ..config import PoolConfig
+from ..errors import PoolExistsError, SnapshotError
+from ..layout import ENTRY_DTYPE, Geometry, write_header
+from ..policies import ScoreContext, get_policy, rank_victims
+from ..pool import Pool
+from ..pool import open as open_pool
+from ..units import parse_size
+from . import files
+from .format import (
+    HEADER_BYTES,
+    RECORD_DTYPE,
+    check_records,
+    decode_header,
+    encode_header,
+    entry_checksum,
+)
+
+Progress = Callable[[int, int], None]
+"""``progress(done_bytes, total_bytes)``, called as entries are written or read."""
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """What a snapshot holds, read from its header and entry table."""
+
+    path: Path
+    name: str
+    config: PoolConfig
+    num_entries: int
+    data_bytes: int
+    file_bytes: int
+    created_at: float
+    format_version: int
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields, for JSON."""
+        return {
+            "path": str(self.path),
+            "name": self.name,
+            "config": self.config.to_dict(),
+            "num_entries": self.num_entries,
+            "data_bytes": self.data_bytes,
+            "file_bytes": self.file_bytes,
+            "created_at": self.created_at,
+            "format_version": self.format_version,
+        }
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What a restore brought back and what it left out, and why."""
+
+    num_restored: int
+    num_expired: int  # expired while the pool was down
+    num_dropped: int  # did not fit a smaller pool: the policy chose them to go
+    skipped: list[str] = field(default_factory=list)  # damaged entries
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields, for JSON."""
+        return {
+            "num_restored": self.num_restored,
+            "num_expired": self.num_expired,
+            "num_dropped": self.num_dropped,
+            "skipped": list(self.skipped),
+        }
+
+
+def persist(
+    pool: Pool, path: str | os.PathLike[str] | None = None, progress: Progress | None = None
+) -> Path:
+    """Write ``pool``'s live entries to a snapshot file; return its path.
+
+    Args:
+        path: destination; default ``default_path(pool.name)``.
+        progress: called with (bytes written, bytes to write).
+
+    Raises:
+        SnapshotError: the file cannot be written (the previous one is kept).
+    """
+    target = Path(path) if path is not None else files.default_path(pool.name)
+    clock, ids, entries = pool._snapshot_table()
+    total = int((entries["key_len"] + entries["header_len"] + entries["value_len"]).sum())
+    created_at = time.time()
+
+    def write(fd: int) -> None:
+        os.lseek(fd, HEADER_BYTES, os.SEEK_SET)
+        records = np.zeros(len(ids), RECORD_DTYPE)
+        kept, offset = 0, 0
+        for eid, entry in zip(ids.tolist(), entries, strict=True):
+            views = pool._entry_views(eid, int(entry["generation"]))
+            if views is None:
+                continue  # evicted or replaced since the table was read
+            checksum = entry_checksum(views)
+            files.write_all(fd, views)
+            length = sum(v.nbytes for v in views)
+            if not pool._is_current(eid, int(entry["generation"])):
+                os.lseek(fd, HEADER_BYTES + offset, os.SEEK_SET)  # overwrite it with the next
+                continue
+            record = records[kept]
+            for name in (
+                "key_len",
+                "header_len",
+                "value_len",
+                "flags",
+                "priority",
+                "expires_at",
+                "last_access",
+                "created",
+                "freq",
+            ):
+                record[name] = entry[name]
+            record["offset"] = offset
+            record["checksum"] = checksum
+            kept, offset = kept + 1, offset + length
+            if progress:
+                progress(offset, total)
+        os.ftruncate(fd, HEADER_BYTES + offset)
+        records = records[:kept]
+        os.pwrite(fd, records.tobytes(), HEADER_BYTES + offset)
+        os.pwrite(fd, encode_header(pool.name, pool.config, created_at, clock, records, offset), 0)
+
+    files.write_atomically(target, write)
+    return target
+
+
+def inspect_snapshot(path: str | os.PathLike[str]) -> SnapshotInfo:
+    """Read and verify a snapshot's header and entry table (not its data).
+
+    Raises:
+        SnapshotError: missing, unreadable, foreign, future-version or damaged file.
+    """
+    with _Reader(Path(path)) as reader:
+        header = reader.header
+        return SnapshotInfo(
+            path=reader.path,
+            name=bytes(header["name"]).decode("utf-8", "replace"),
+            config=reader.config,
+            num_entries=len(reader.records),
+            data_bytes=int(header["data_bytes"]),
+            file_bytes=reader.file_bytes,
+            created_at=float(header["created_at"]),
+            format_version=int(header["format_version"]),
+        )
+
+
+def restore(
+    name: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    replace: bool = False,
+    size: str | int | None = None,
+    progress: Progress | None = None,
+) -> Pool:
+    """Recreate pool ``name`` from a snapshot and open it (see :func:`restore_with_report`)."""
+    pool, _ = restore_with_report(name, path, replace=replace, size=size, progress=progress)
+    return pool
+
+
+def restore_with_report(
+    name: str,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    replace: bool = False,
+    size: str | int | None = None,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.time,
+) -> tuple[Pool, RestoreReport]:
+    """Recreate pool ``name`` from a snapshot, with the snapshot's configuration.
+
+    Args:
+        path: the snapshot; default ``default_path(name)``.
+        replace: replace an existing pool of that name (once the new one is complete).
+        size: a different pool size; if smaller, the policy decides what stays.
+        progress: called with (bytes read, bytes to read).
+        clock: wall clock, to leave out entries that expired meanwhile.
+
+    Raises:
+        SnapshotError: the file is missing, foreign, future-version, truncated or damaged.
+        PoolExistsError: the pool exists and ``replace`` is False.
+    """
+    segment.validate_name(name)
+    source = Path(path) if path is not None else files.default_path(name)
+    if not replace and name in segment.list_names():
+        raise PoolExistsError(
+            f"pool '{name}' already exists: pass replace=True (--replace) or destroy it"
+        )
+    with _Reader(source) as reader:
+        config = reader.config
+        if size is not None:
+            config = replace_size(config, parse_size(size, what="pool size"))
+        records = reader.records
+        now = clock()
+        alive = np.flatnonzero(records["expires_at"] > now)
+        keep = _choose_survivors(records[alive], config, int(reader.header["clock"]), now)
+        chosen = alive[keep]
+        chosen = chosen[np.argsort(records["offset"][chosen], kind="stable")]  # read sequentially
+        geometry = Geometry.for_config(config)
+        seg = segment.create(
+            name,
+            geometry.total_bytes,
+            geometry.data_offset,
+            0o600,
+            lambda s: write_header(s.buffer, config, geometry, now, 0),
+            hidden=True,
+        )
+        try:
+            builder = Pool(seg, config, geometry, clock=clock)
+        except BaseException:
+            seg.close()
+            seg.path.unlink(missing_ok=True)
+            raise
+        try:
+            skipped = _load(reader, builder, records, chosen, progress)
+            segment.publish(seg, replace=replace)
+        except BaseException:
+            seg.path.unlink(missing_ok=True)
+            raise
+        finally:
+            builder.close()
+    report = RestoreReport(
+        num_restored=len(chosen) - len(skipped),
+        num_expired=len(records) - len(alive),
+        num_dropped=len(alive) - len(chosen),
+        skipped=skipped,
+    )
+    return open_pool(name, clock=clock), report
+
+
+def replace_size(config: PoolConfig, size_bytes: int) -> PoolConfig:
+    """``config`` for a pool of another size; per-page defaults follow the new size."""
+    pages = size_bytes // config.page_size_bytes
+    scaled = config.max_entries == config.num_pages
+    return replace_fields(
+        config, size_bytes=size_bytes, max_entries=pages if scaled else config.max_entries
+    )
+
+
+def _choose_survivors(
+    records: np.ndarray, config: PoolConfig, clock: int, now: float
+) -> np.ndarray:
+    """Indexes of the records to restore: all if they fit, else the policy's keepers."""
+    total = records["key_len"] + records["header_len"] + records["value_len"]
+    pages = np.maximum(1, -(-total // config.page_size_bytes))
+    if pages.sum() <= config.num_pages and len(records) <= config.max_entries:
+        return np.arange(len(records))
+    table = np.zeros(len(records), ENTRY_DTYPE)
+    for name in ("last_access", "created", "freq", "expires_at", "priority"):
+        table[name] = records[name]
+    table["num_pages"] = pages
+    ctx = ScoreContext(clock, now, config.lfu_half_life)
+    best_kept_first = rank_victims(get_policy(config.policy), table, ctx)[::-1]
+    fits = (np.cumsum(pages[best_kept_first]) <= config.num_pages) & (
+        np.arange(len(records)) < config.max_entries
+    )
+    return (
+        best_kept_first[np.flatnonzero(fits)] if fits.all() else best_kept_first[: np.argmin(fits)]
+    )
+
+
+def _load(
+    reader: _Reader, pool: Pool, records: np.ndarray, chosen: np.ndarray, progress: Progress | None
+) -> list[str]:
+    """Copy the chosen entries from the file into ``pool``; return what was skipped."""
+    skipped: list[str] = []
+    lengths = records["key_len"] + records["header_len"] + records["value_len"]
+    total, done = int(lengths[chosen].sum()), 0
+    for index in chosen.tolist():
+        record = records[index]
+        start = HEADER_BYTES + int(record["offset"])
+        key = os.pread(reader.fd, int(record["key_len"]), start)
+
+        def fill(
+            views: list[memoryview], start: int = start, expected: int = int(record["checksum"])
+        ) -> bool:
+            return files.read_exactly(reader.fd, views, start) and entry_checksum(views) == expected
+
+        history = (int(record["created"]), int(record["last_access"]), float(record["freq"]))
+        restored = pool._restore_entry(
+            key,
+            int(record["flags"]),
+            int(record["header_len"]),
+            int(record["value_len"]),
+            int(record["priority"]),
+            float(record["expires_at"]),
+            history,
+            fill,
+        )
+        if not restored:
+            skipped.append(
+                f"entry {index} (key {key[:40]!r}): damaged (checksum mismatch), left out"
+            )
+        done += int(lengths[index])
+        if progress:
+            progress(done, total)
+    return skipped
+
+
+class _Reader:
+    """An open snapshot whose header and entry table have been verified."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        where = f"snapshot {path}"
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SnapshotError(
+                f"no snapshot at {path}: persist the pool first, or give --path"
+            ) from None
+        except OSError as exc:
+            raise SnapshotError(
+                f"cannot read {where} ({exc.strerror}): check its permissions"
+            ) from exc
+        try:
+            self.file_bytes = os.fstat(self.fd).st_size
+            raw_header = os.pread(self.fd, HEADER_BYTES, 0)
+            self.header, self.config = decode_header(raw_header, self.file_bytes, where)
+            records_offset = int(self.header["records_offset"])
+            record_bytes = os.pread(self.fd, self.file_bytes - records_offset, records_offset)
+            self.records = check_records(self.header, raw_header, record_bytes, where)
+        except OSError as exc:
+            os.close(self.fd)
+            raise SnapshotError(f"cannot read {where} ({exc.strerror}): check the file") from exc
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
