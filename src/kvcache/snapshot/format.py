@@ -109,9 +109,11 @@ def encode_header(
     header["data_offset"] = HEADER_BYTES
     header["data_bytes"] = data_bytes
     header["records_offset"] = HEADER_BYTES + data_bytes
-    raw = bytearray(header.tobytes().ljust(HEADER_BYTES, b"\0"))
-    checksum = _checksum(bytes(raw), records.tobytes())
-    header["checksum"] = checksum
+    header["checksum"] = _checksum(_padded(header), records.tobytes())
+    return _padded(header)
+
+
+def _padded(header: np.ndarray) -> bytes:
     return header.tobytes().ljust(HEADER_BYTES, b"\0")
 
 
