@@ -120,7 +120,8 @@ ENTRY_DTYPE = np.dtype(
 PROC_DTYPE = np.dtype([("pid", "<i8"), ("start", "<i8")])
 
 FREE, WRITING, READY = 0, 1, 2
-KEY_IS_STR = 1
+KEY_IS_STR = 1  # entry flags
+VALUE_IS_ARRAY = 2
 NO_PAGE = -1
 
 ENTRY_WORDS = ENTRY_DTYPE.itemsize // 8

@@ -43,6 +43,7 @@ from .layout import (
     ENTRY_WORDS,
     KEY_IS_STR,
     READY,
+    VALUE_IS_ARRAY,
     WRITING,
     E,
     Geometry,
@@ -54,7 +55,7 @@ from .layout import (
 from .lock import ClosedLock, PoolLock
 from .policies import ScoreContext, choose_victims, get_policy, rank_victims
 from .procs import ProcessTable, is_alive, me
-from .reports import EvictionResult, PoolStats
+from .reports import EntryInfo, EvictionResult, PoolStats
 from .units import parse_duration, parse_size
 
 INLINE_COPY_MAX_BYTES = 64 << 10
@@ -65,9 +66,15 @@ READ_ATTEMPTS = 4
 EVICT_BATCH = 1024
 """Explicit evictions release the lock after this many removals, so other
 processes are never stalled for the whole of a large eviction."""
+ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "lru": lambda r: r["last_access"],
+    "size": lambda r: -(r["key_len"] + r["header_len"] + r["value_len"]),
+    "priority": lambda r: r["priority"],
+}
+"""Sort keys of ``Pool.entries`` (ascending, ties by recency); ``policy`` ranks victims."""
+ENTRY_SORTS = (*ENTRY_ORDERS, "policy")
 SWEEP_SPACING = 64
 """Unforced expiry sweeps are at least num_live / 64 puts apart (see _sweep_expired)."""
-VALUE_IS_ARRAY = 2
 _HASH_HALVES = struct.Struct("<qq")
 
 Key = str | bytes
@@ -339,17 +346,43 @@ class Pool:
 
     def keys(self) -> list[Key]:
         """The keys of all live (unexpired) entries, in no particular order."""
-        keys: list[Key] = []
         with self._lock:
-            now = self._clock()
-            for eid in self._entries.live_ids():
-                base = eid * ENTRY_WORDS
-                if self._ed[base + E.expires_at] > now:
-                    key = bytes(self._key_view(eid))
-                    keys.append(
-                        key.decode("utf-8") if self._eq[base + E.flags] & KEY_IS_STR else key
-                    )
-        return keys
+            ids = self._entries.live_ids()
+            ids = ids[self._views.entries["expires_at"][ids] > self._clock()]
+            return [self._key_of(eid) for eid in ids.tolist()]
+
+    def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
+        """Live entries with their metadata, first the ones ``sort`` puts first.
+
+        Args:
+            sort: ``lru`` (least recently used first), ``size`` (largest first),
+                ``priority`` (lowest first) or ``policy`` (the pool's next victims first).
+            limit: at most this many.
+
+        Raises:
+            InvalidArgument: unknown sort or negative limit.
+        """
+        if sort not in ENTRY_SORTS:
+            raise InvalidArgument(f"unknown sort {sort!r}: choose one of {', '.join(ENTRY_SORTS)}")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
+            raise InvalidArgument(f"limit must be a whole number >= 0, not {limit!r}")
+        with self._lock:
+            ids = self._entries.live_ids()
+            records = self._views.entries[ids]
+            alive = records["expires_at"] > self._clock()
+            ids, records = ids[alive], records[alive]
+            if sort == "policy":
+                order = rank_victims(self._policy, records, self._score_context())
+            else:
+                order = np.lexsort((records["last_access"], ENTRY_ORDERS[sort](records)))
+            order = order[:limit]
+            keys = [self._key_of(eid) for eid in ids[order].tolist()]
+        return [
+            EntryInfo.from_record(key, record)
+            for key, record in zip(keys, records[order], strict=True)
+        ]
 
     def __iter__(self) -> Iterator[Key]:
         return iter(self.keys())
@@ -450,6 +483,10 @@ class Pool:
         if eid >= 0 and self._key_view(eid) != key_bytes:
             return -1  # a 128-bit hash collision: treat as absent
         return eid
+
+    def _key_of(self, eid: int) -> Key:
+        key = bytes(self._key_view(eid))
+        return key.decode("utf-8") if self._eq[eid * ENTRY_WORDS + E.flags] & KEY_IS_STR else key
 
     def _key_view(self, eid: int) -> memoryview:
         base = eid * ENTRY_WORDS

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+
+import numpy as np
+
+from .layout import VALUE_IS_ARRAY
 
 
 @dataclass(frozen=True)
@@ -51,3 +56,41 @@ class EvictionResult:
     def to_dict(self) -> dict[str, object]:
         """Plain fields, for JSON."""
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One live entry as ``Pool.entries`` lists it."""
+
+    key: str | bytes
+    size_bytes: int  # key, value header and payload
+    value_bytes: int  # payload only
+    is_array: bool
+    priority: int
+    expires_at: float | None  # wall clock, None = never
+    last_access: int  # logical clock
+    created: int  # logical clock
+    frequency: float  # LFU count as of last_access
+
+    @classmethod
+    def from_record(cls, key: str | bytes, record: np.void) -> EntryInfo:
+        """Build from an entry-table record (``layout.ENTRY_DTYPE``)."""
+        expires_at = float(record["expires_at"])
+        return cls(
+            key=key,
+            size_bytes=int(record["key_len"] + record["header_len"] + record["value_len"]),
+            value_bytes=int(record["value_len"]),
+            is_array=bool(record["flags"] & VALUE_IS_ARRAY),
+            priority=int(record["priority"]),
+            expires_at=None if math.isinf(expires_at) else expires_at,
+            last_access=int(record["last_access"]),
+            created=int(record["created"]),
+            frequency=float(record["freq"]),
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields for JSON; bytes keys become ``repr`` text."""
+        fields = dataclasses.asdict(self)
+        if isinstance(self.key, bytes):
+            fields["key"] = repr(self.key)
+        return fields
