@@ -1,0 +1,7 @@
+"""``python -m kvcache ...`` runs the same commands as ``cortex cache ...``."""
+
+import sys
+
+from .cli import run
+
+sys.exit(run(sys.argv[1:], prog="python -m kvcache"))

@@ -1,0 +1,298 @@
+"""One function per ``cortex cache`` command: call the Python API, report the result.
+
+Commands hold no pool logic of their own; everything they do is a public
+``kvcache`` call. Each returns the JSON document for ``--json`` and prints
+the human version through ``Output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import kvcache
+
+from ..errors import InvalidArgument, KVCacheError
+from ..policies import POLICIES
+from ..snapshot import files
+from ..units import format_size
+from .output import Output
+
+
+class Unhealthy(Exception):
+    """``health`` found problems it did not repair: exit code 1 after the report."""
+
+
+def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    if args.tier != "cpu":
+        raise KVCacheError(
+            f"tier '{args.tier}' is not available yet: use --tier cpu (shared memory)"
+        )
+    if args.path is not None:
+        raise InvalidArgument("--path is for --tier disk, which is not available yet: leave it out")
+    mode = _octal_mode(args.mode)
+    snapshot = Path(args.snapshot) if args.snapshot else files.default_path(args.name)
+    if args.restore and snapshot.exists():
+        pool, report = kvcache.restore_with_report(args.name, snapshot, size=args.size)
+        with pool:
+            doc: dict[str, object] = {
+                "created": pool.stats().to_dict(),
+                "restored_from": str(snapshot),
+                "restore": report.to_dict(),
+            }
+            out.line(
+                f"created pool '{args.name}' from {snapshot}: "
+                f"{report.num_restored} entries restored"
+            )
+            return doc
+    with kvcache.create(
+        args.name,
+        args.size,
+        policy=args.policy,
+        page_size=args.page_size,
+        max_entries=args.max_entries or None,
+        default_ttl=args.ttl,
+        prealloc=args.prealloc,
+        mode=mode,
+    ) as pool:
+        stats, config = pool.stats(), pool.config
+    out.line(
+        f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
+        f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, tier cpu"
+    )
+    if args.restore:
+        out.line(f"no snapshot at {snapshot}: the pool starts empty")
+    return {"created": stats.to_dict(), "config": config.to_dict(), "tier": "cpu"}
+
+
+def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    rows: list[tuple[object, ...]] = []
+    docs: list[dict[str, object]] = []
+    for name in kvcache.list_pools():
+        try:
+            with kvcache.open(name) as pool:
+                stats = pool.stats()
+        except KVCacheError as exc:
+            docs.append({"name": name, "error": str(exc)})
+            rows.append((name, "-", "-", "-", "-", "unreadable", "-"))
+            continue
+        docs.append({**stats.to_dict(), "tier": "cpu"})
+        rows.append(
+            (
+                name,
+                format_size(stats.size_bytes),
+                format_size(stats.used_bytes),
+                stats.num_entries,
+                f"{stats.hit_rate:.1%}",
+                stats.policy,
+                "cpu",
+            )
+        )
+    if rows:
+        out.table(
+            ("NAME", "SIZE", "USED", "ENTRIES", "HIT-RATE", "POLICY", "TIER"),
+            rows,
+            right=("SIZE", "USED", "ENTRIES", "HIT-RATE"),
+        )
+    else:
+        out.line("no pools: create one with cortex cache create NAME --size 1G")
+    return {"pools": docs}
+
+
+def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    if args.name is None:
+        return list_pools(args, out)
+    with kvcache.open(args.name) as pool:
+        stats, config = pool.stats(), pool.config
+    snapshot = files.default_path(args.name)
+    snapshot_age = time.time() - snapshot.stat().st_mtime if snapshot.exists() else None
+    doc = {
+        **stats.to_dict(),
+        "config": config.to_dict(),
+        "tier": "cpu",
+        "path": str(kvcache.segment.segment_path(args.name)),
+        "snapshot": {"path": str(snapshot), "age_s": snapshot_age}
+        if snapshot_age is not None
+        else None,
+    }
+    rows = [
+        ("pool", args.name),
+        ("path", doc["path"]),
+        ("tier", "cpu"),
+        ("policy", stats.policy),
+        ("size", format_size(stats.size_bytes)),
+        ("used", f"{format_size(stats.used_bytes)} ({stats.used_bytes / stats.size_bytes:.1%})"),
+        ("free", format_size(stats.free_bytes)),
+        ("page size", format_size(stats.page_size_bytes)),
+        ("entries", f"{stats.num_entries} of {stats.max_entries}"),
+        ("default ttl", f"{config.default_ttl_s:g}s" if config.default_ttl_s else "none"),
+        ("hits / misses", f"{stats.hits} / {stats.misses} ({stats.hit_rate:.1%} hit rate)"),
+        ("puts", stats.puts),
+        ("evictions", stats.evictions),
+        ("expirations", stats.expirations),
+        ("repairs", stats.repairs),
+        ("attached", ", ".join(map(str, stats.attached)) or "none"),
+        (
+            "snapshot",
+            f"{snapshot} ({_age(snapshot_age)} old)" if snapshot_age is not None else "none",
+        ),
+    ]
+    out.table(("FIELD", "VALUE"), rows)
+    return doc
+
+
+def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    with kvcache.open(args.name) as pool:
+        listed = pool.entries(sort=args.sort, limit=args.limit or None)
+        total = len(pool)
+    now = time.time()
+    rows = [
+        (
+            _show_key(e.key),
+            format_size(e.size_bytes),
+            e.priority,
+            "never" if e.expires_at is None else _age(e.expires_at - now),
+            e.last_access,
+            f"{e.frequency:.2f}",
+        )
+        for e in listed
+    ]
+    out.table(
+        ("KEY", "SIZE", "PRIORITY", "EXPIRES-IN", "LAST-ACCESS", "FREQ"),
+        rows,
+        right=("SIZE", "PRIORITY", "LAST-ACCESS", "FREQ"),
+    )
+    out.line(f"{len(listed)} of {total} entries, sorted by {args.sort}")
+    return {"entries": [e.to_dict() for e in listed], "num_entries": total, "sort": args.sort}
+
+
+def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    with kvcache.open(args.name) as pool:
+        problems = pool.check(repair=args.repair)
+        after = pool.check() if args.repair and problems else problems
+    for problem in problems:
+        out.line(f"- {problem}")
+    if not problems:
+        out.line(f"pool '{args.name}' is consistent")
+    elif not after:
+        out.line(f"pool '{args.name}': repaired {len(problems)} problems; it is consistent now")
+    doc = {
+        "name": args.name,
+        "problems": problems,
+        "repaired": bool(args.repair and problems),
+        "consistent": not after,
+    }
+    if after:
+        out.line(
+            f"pool '{args.name}' has {len(after)} problems: "
+            f"run cortex cache health {args.name} --repair"
+        )
+        out.document(doc)
+        raise Unhealthy
+    return doc
+
+
+def persist(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    with kvcache.open(args.name) as pool:
+        start = time.perf_counter()
+        with out.progress(f"persisting {args.name}") as progress:
+            path = pool.persist(args.path, progress)
+        elapsed = time.perf_counter() - start
+    info = kvcache.inspect_snapshot(path)
+    out.line(
+        f"persisted '{args.name}': {info.num_entries} entries, "
+        f"{format_size(info.data_bytes)} to {path} in {elapsed:.2f}s"
+    )
+    return {**info.to_dict(), "elapsed_s": elapsed}
+
+
+def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    path = Path(args.path) if args.path else files.default_path(args.name)
+    start = time.perf_counter()
+    with out.progress(f"restoring {args.name}") as progress:
+        pool, report = kvcache.restore_with_report(
+            args.name, path, replace=args.replace, size=args.size, progress=progress
+        )
+    elapsed = time.perf_counter() - start
+    with pool:
+        stats = pool.stats()
+    out.line(
+        f"restored '{args.name}' from {path} in {elapsed:.2f}s: {report.num_restored} entries, "
+        f"{format_size(stats.used_bytes)} ({report.num_expired} expired, "
+        f"{report.num_dropped} did not fit, {len(report.skipped)} damaged)"
+    )
+    for skipped in report.skipped:
+        out.line(f"- skipped {skipped}")
+    return {**report.to_dict(), "path": str(path), "elapsed_s": elapsed, "pool": stats.to_dict()}
+
+
+def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    with kvcache.open(args.name) as pool:
+        result = pool.evict(percent=args.percent, bytes=args.bytes, expired=args.expired)
+    out.line(
+        f"evicted {result.num_entries} entries and {result.num_expired} expired ones from "
+        f"'{args.name}', freeing {format_size(result.num_bytes)}"
+    )
+    return {"name": args.name, **result.to_dict()}
+
+
+def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    with kvcache.open(args.name) as pool:
+        stats = pool.stats()
+    if not args.yes and sys.stdin.isatty():
+        answer = input(
+            f"destroy pool '{args.name}' ({stats.num_entries} entries, "
+            f"{format_size(stats.used_bytes)} used)? [y/N] "
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            raise KVCacheError("not destroyed: answer y to confirm, or pass --yes")
+    kvcache.destroy(args.name)
+    out.line(f"destroyed pool '{args.name}'")
+    return {"destroyed": args.name, "num_entries": stats.num_entries}
+
+
+def policies(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    out.table(("POLICY", "WHEN TO USE IT"), [(p.name, p.summary) for p in POLICIES.values()])
+    return {"policies": [{"name": p.name, "summary": p.summary} for p in POLICIES.values()]}
+
+
+COMMANDS = {
+    "create": create,
+    "list": list_pools,
+    "status": status,
+    "entries": entries,
+    "health": health,
+    "persist": persist,
+    "restore": restore,
+    "evict": evict,
+    "destroy": destroy,
+    "delete": destroy,
+    "policies": policies,
+}
+
+
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise InvalidArgument(
+            f"--mode {text!r} is not octal permissions such as 600 or 660"
+        ) from None
+    if not 0 <= mode <= 0o777:
+        raise InvalidArgument(f"--mode {text!r} is out of range: use e.g. 600 or 660")
+    return mode
+
+
+def _show_key(key: str | bytes) -> str:
+    text = key if isinstance(key, str) else repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"

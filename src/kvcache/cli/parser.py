@@ -1,0 +1,158 @@
+"""The ``cortex cache`` argument grammar: every command, its options and an example."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from ..policies import POLICIES
+from ..pool import ENTRY_SORTS
+
+
+class UsageError(Exception):
+    """A command line that does not parse; reported in one line, exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _command(
+    sub: argparse._SubParsersAction, name: str, summary: str, example: str, **kwargs: object
+) -> argparse.ArgumentParser:
+    return sub.add_parser(  # type: ignore[no-any-return]
+        name,
+        help=summary,
+        description=summary,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+
+
+def build(prog: str) -> argparse.ArgumentParser:
+    """The parser for the ``cache`` group, invoked as ``prog`` (``cortex cache``)."""
+    root = _Parser(
+        prog=prog,
+        description="Manage kvcache pools: LLM KV caches in shared memory.",
+        epilog="example:\n  cortex cache create llama-cache --size 16G",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    e = "cortex cache"
+
+    p = _command(sub, "create", "create a pool", f"{e} create llama-cache --size 16G --policy lru")
+    p.add_argument("name")
+    p.add_argument("--size", required=True, help="room for data: 16G, 512M, 1.5G (binary units)")
+    p.add_argument(
+        "--tier",
+        default="cpu",
+        choices=["cpu", "disk", "gpu"],
+        help="where pages live (default cpu)",
+    )
+    p.add_argument("--path", help="folder for --tier disk")
+    p.add_argument(
+        "--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)} (default lru)"
+    )
+    p.add_argument(
+        "--page-size", default="64K", help="allocation unit, power of two 1K-256M (default 64K)"
+    )
+    p.add_argument("--max-entries", type=_whole_number, help="entry slots (default: one per page)")
+    p.add_argument("--ttl", help="default expiry of entries: 90s, 15m, 1h (default never)")
+    p.add_argument("--prealloc", action="store_true", help="reserve all memory now")
+    p.add_argument(
+        "--mode", default="600", help="octal permissions, e.g. 660 to share with a group"
+    )
+    p.add_argument(
+        "--restore", action="store_true", help="fill it from its snapshot, if there is one"
+    )
+    p.add_argument("--snapshot", help="snapshot for --restore (default: the pool's default path)")
+    _json(p)
+
+    p = _command(sub, "list", "one line per pool", f"{e} list")
+    _json(p)
+
+    p = _command(sub, "status", "all pools, or one in detail", f"{e} status llama-cache")
+    p.add_argument("name", nargs="?")
+    _json(p)
+
+    p = _command(
+        sub, "entries", "list a pool's entries", f"{e} entries llama-cache --sort size --limit 20"
+    )
+    p.add_argument("name")
+    p.add_argument(
+        "--sort", default="lru", choices=ENTRY_SORTS, help="order (default lru: least recent first)"
+    )
+    p.add_argument(
+        "--limit", type=_whole_number, default=50, help="at most N entries (default 50, 0 = all)"
+    )
+    _json(p)
+
+    p = _command(
+        sub,
+        "health",
+        "check allocator, index and entries agree",
+        f"{e} health llama-cache --repair",
+    )
+    p.add_argument("name")
+    p.add_argument("--repair", action="store_true", help="rebuild what is inconsistent")
+    _json(p)
+
+    p = _command(
+        sub,
+        "persist",
+        "write a snapshot to disk",
+        f"{e} persist llama-cache --path /var/lib/kvcache/llama.kvsnap",
+    )
+    p.add_argument("name")
+    p.add_argument(
+        "--path", help="snapshot file (default $KVCACHE_HOME or ~/.local/share/kvcache/NAME.kvsnap)"
+    )
+    _json(p)
+
+    p = _command(
+        sub, "restore", "recreate a pool from a snapshot", f"{e} restore llama-cache --replace"
+    )
+    p.add_argument("name")
+    p.add_argument("--path", help="snapshot file (default: the pool's default path)")
+    p.add_argument("--replace", action="store_true", help="replace the pool if it exists")
+    p.add_argument(
+        "--size", help="a different pool size (if smaller, the policy decides what stays)"
+    )
+    _json(p)
+
+    p = _command(
+        sub, "evict", "evict entries by the pool's policy", f"{e} evict llama-cache --percent 25"
+    )
+    p.add_argument("name")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--percent", type=float, help="share of the used bytes to free, (0, 100]")
+    target.add_argument("--bytes", help="bytes to free: 2G, 512M")
+    target.add_argument("--expired", action="store_true", help="only remove expired entries")
+    _json(p)
+
+    p = _command(
+        sub, "destroy", "remove a pool", f"{e} destroy llama-cache --yes", aliases=["delete"]
+    )
+    p.add_argument("name")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _json(p)
+
+    p = _command(sub, "policies", "the eviction policies and when to use each", f"{e} policies")
+    _json(p)
+    return root
+
+
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
