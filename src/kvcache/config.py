@@ -69,8 +69,11 @@ class PoolConfig:
         object.__setattr__(self, "size_bytes", self.num_pages * page)
         if self.max_entries == 0:
             object.__setattr__(self, "max_entries", self.num_pages)
-        if not 1 <= self.max_entries < 2**31:
-            raise InvalidArgument(f"max entries must be from 1 to 2**31-1, got {self.max_entries}")
+        if not 1 <= self.max_entries <= self.num_pages:
+            raise InvalidArgument(
+                f"max entries must be from 1 to the pool's {self.num_pages} pages "
+                f"(each entry takes at least a page), got {self.max_entries}"
+            )
         if self.lfu_half_life == 0:
             object.__setattr__(self, "lfu_half_life", self.max_entries)
         if self.lfu_half_life < 1:

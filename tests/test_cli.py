@@ -1,0 +1,402 @@
+"""``cortex cache``: the real console script, run in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import kvcache
+from kvcache.cli import run
+
+CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
+COMMANDS = [
+    "create",
+    "list",
+    "status",
+    "entries",
+    "health",
+    "persist",
+    "restore",
+    "evict",
+    "destroy",
+    "policies",
+]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """Snapshots go to a private folder, for this process and the CLI it runs."""
+    monkeypatch.setenv("KVCACHE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def names():
+    """Unique pool names; every pool they name is destroyed afterwards."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(f"cli-{uuid.uuid4().hex[:10]}")
+        return made[-1]
+
+    yield make
+    for name in made:
+        if name in kvcache.list_pools():
+            kvcache.destroy(name)
+
+
+def cortex(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CORTEX, "cache", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        env=os.environ.copy(),
+    )
+
+
+def cortex_json(*args: str) -> dict:
+    result = cortex(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def put_from_another_process(name: str, count: int) -> None:
+    code = (
+        "import kvcache, sys\n"
+        f"pool = kvcache.open({name!r})\n"
+        f"for i in range({count}):\n"
+        "    pool.put(f'prompt-{i}', bytes([i % 256]) * (1000 + i), priority=i % 3)\n"
+        "pool.get('prompt-1'); pool.get('missing')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_full_life_cycle_across_processes(names, home):
+    name = names()
+    created = cortex_json("create", name, "--size", "64M", "--policy", "lfu", "--page-size", "4K")
+    assert created["config"]["policy"] == "lfu" and created["config"]["page_size_bytes"] == 4096
+    put_from_another_process(name, 30)
+
+    status = cortex_json("status", name)
+    assert (status["num_entries"], status["hits"], status["misses"], status["puts"]) == (
+        30,
+        1,
+        1,
+        30,
+    )
+    assert status["policy"] == "lfu" and status["snapshot"] is None
+    listed = cortex_json("list")["pools"]
+    assert [p["num_entries"] for p in listed if p["name"] == name] == [30]
+    entries = cortex_json("entries", name, "--sort", "size", "--limit", "3")
+    assert [e["key"] for e in entries["entries"]] == ["prompt-29", "prompt-28", "prompt-27"]
+    assert entries["num_entries"] == 30
+    assert cortex_json("health", name)["consistent"] is True
+
+    persisted = cortex_json("persist", name)
+    assert persisted["num_entries"] == 30 and Path(persisted["path"]) == home / f"{name}.kvsnap"
+    assert cortex_json("status", name)["snapshot"]["path"] == persisted["path"]
+    assert cortex_json("destroy", name, "--yes")["destroyed"] == name
+    assert name not in kvcache.list_pools()
+
+    restored = cortex_json("restore", name)
+    assert restored["num_restored"] == 30 and restored["skipped"] == []
+    with kvcache.open(name) as pool:
+        assert pool.get("prompt-7") == bytes([7]) * 1007
+        assert pool.config.policy == "lfu"
+    evicted = cortex_json("evict", name, "--percent", "50")
+    assert (
+        evicted["num_entries"] > 0
+        and cortex_json("status", name)["num_entries"] == 30 - evicted["num_entries"]
+    )
+
+
+def test_human_output_is_aligned_tables(names, home):
+    name = names()
+    assert cortex("create", name, "--size", "16M").returncode == 0
+    put_from_another_process(name, 5)
+    listing = cortex("list")
+    assert listing.returncode == 0
+    header = listing.stdout.splitlines()[0].split()
+    assert header == ["NAME", "SIZE", "USED", "ENTRIES", "HIT-RATE", "POLICY", "TIER"]
+    row = next(line for line in listing.stdout.splitlines() if line.startswith(name)).split()
+    assert row[1] == "16.0M" and row[3] == "5" and row[5:] == ["lru", "cpu"]
+    status = cortex("status", name).stdout
+    assert "entries" in status and "5 of 256" in status
+    entries = cortex("entries", name).stdout
+    assert "prompt-0" in entries and "5 of 5 entries" in entries
+    assert "lfu" in cortex("policies").stdout
+
+
+def test_python_dash_m_runs_the_same_commands(names, home):
+    name = names()
+    result = subprocess.run(
+        [sys.executable, "-m", "kvcache", "create", name, "--size", "8M", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["created"]["name"] == name
+    assert name in kvcache.list_pools()
+
+
+def test_create_restore_flag_uses_the_snapshot_when_there_is_one(names, home):
+    name = names()
+    cortex_json("create", name, "--size", "8M")
+    put_from_another_process(name, 4)
+    cortex_json("persist", name)
+    cortex_json("destroy", name, "--yes")
+    doc = cortex_json("create", name, "--size", "8M", "--restore")
+    assert doc["restore"]["num_restored"] == 4
+    other = names()
+    doc = cortex_json("create", other, "--size", "8M", "--restore")
+    assert doc["created"]["num_entries"] == 0
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example(command):
+    result = cortex(command, "--help")
+    assert result.returncode == 0
+    assert "example:" in result.stdout and f"cortex cache {command}" in result.stdout
+
+
+def test_top_level_help_and_unknown_group():
+    assert "cache" in subprocess.run([CORTEX, "--help"], capture_output=True, text=True).stdout
+    result = subprocess.run([CORTEX, "kache", "list"], capture_output=True, text=True)
+    assert result.returncode == 1 and "unknown group" in result.stderr
+
+
+def _run_on_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """Run the CLI with stdin/stdout on a pseudo-terminal, typing ``answer``."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        args, stdin=follower, stdout=follower, stderr=follower, env=os.environ.copy()
+    )
+    os.close(follower)
+    output = b""
+    deadline = time.monotonic() + 30
+    answered = False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+        if not answered and b"[y/N]" in output:
+            os.write(leader, answer.encode() + b"\n")
+            answered = True
+        if process.poll() is not None and not ready:
+            break
+    os.close(leader)
+    return process.wait(timeout=30), output.decode(errors="replace")
+
+
+@pytest.mark.parametrize(("answer", "destroyed"), [("n", False), ("", False), ("y", True)])
+def test_destroy_asks_on_a_terminal(names, answer, destroyed):
+    name = names()
+    cortex_json("create", name, "--size", "4M")
+    code, output = _run_on_terminal([CORTEX, "cache", "destroy", name], answer)
+    assert "destroy pool" in output
+    assert (name not in kvcache.list_pools()) == destroyed
+    assert code == (0 if destroyed else 1)
+
+
+def test_persist_on_a_terminal_draws_progress_and_succeeds(names, home):
+    name = names()
+    cortex_json("create", name, "--size", "64M")
+    with kvcache.open(name) as pool:
+        for i in range(40):
+            pool.put(f"k{i}", os.urandom(1 << 20))
+    code, output = _run_on_terminal([CORTEX, "cache", "persist", name], "")
+    assert code == 0 and "persisted" in output
+    assert kvcache.inspect_snapshot(home / f"{name}.kvsnap").num_entries == 40
+
+
+def test_health_repair_mends_a_damaged_pool(names):
+    name = names()
+    cortex_json("create", name, "--size", "4M")
+    put_from_another_process(name, 3)
+    with kvcache.open(name) as pool:
+        from kvcache.layout import H
+
+        pool._hq[H.num_free_pages] += 5  # white-box damage to a derived counter
+    result = cortex("health", name)
+    assert result.returncode == 1 and "--repair" in result.stdout
+    repaired = cortex("health", name, "--repair")
+    assert repaired.returncode == 0 and "repaired" in repaired.stdout
+    assert cortex_json("health", name)["consistent"] is True
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """An existing pool with data, a good and a broken snapshot, and names that exist nowhere.
+
+    Shared by the whole bad-input battery: each case checks that it changed nothing.
+    """
+    tmp_path = tmp_path_factory.mktemp("world")
+    pool_name, missing, junk = (f"cli-{uuid.uuid4().hex[:10]}" for _ in range(3))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("KVCACHE_HOME", str(tmp_path / "home"))
+        cortex_json("create", pool_name, "--size", "8M")
+        put_from_another_process(pool_name, 10)
+        good = tmp_path / "good.kvsnap"
+        cortex_json("persist", pool_name, "--path", str(good))
+        truncated = tmp_path / "truncated.kvsnap"
+        truncated.write_bytes(good.read_bytes()[:700])
+        garbage = tmp_path / "garbage.kvsnap"
+        garbage.write_bytes(os.urandom(4096))
+        (Path("/dev/shm") / f"kvcache.{junk}").write_bytes(os.urandom(8192))
+        yield {
+            "pool": pool_name,
+            "missing": missing,
+            "good": str(good),
+            "truncated": str(truncated),
+            "garbage": str(garbage),
+            "junk": junk,
+            "long": "x" * 101,
+            "tmp": str(tmp_path),
+        }
+    for name in (pool_name, missing, junk):
+        if name in kvcache.list_pools():
+            kvcache.destroy(name)
+
+
+BAD_INPUTS = [
+    ("create {missing} --size 0", "positive"),
+    ("create {missing} --size -1G", "size"),
+    ("create {missing} --size abc", "size"),
+    ("create {missing} --size ''", "size"),
+    ("create {missing} --size 2P", "absurd"),
+    ("create {missing} --size 1X", "unit"),
+    ("create {missing}", "--size"),
+    ("create ../etc --size 1M", "name"),
+    ("create a/b --size 1M", "name"),
+    ("create .hidden --size 1M", "name"),
+    ("create {long} --size 1M", "name"),
+    ("create {pool} --size 1M", "already exists"),
+    ("create {missing} --size 1M --policy random", "policy"),
+    ("create {missing} --size 1M --page-size 3K", "power of two"),
+    ("create {missing} --size 1M --page-size 512", "power of two"),
+    ("create {missing} --size 1K --page-size 4K", "smaller than one page"),
+    ("create {missing} --size 1M --max-entries -5", "negative"),
+    ("create {missing} --size 1M --max-entries lots", "whole number"),
+    ("create {missing} --size 1M --ttl forever", "ttl"),
+    ("create {missing} --size 1M --ttl -1s", "ttl"),
+    ("create {missing} --size 1M --tier disk", "not available yet"),
+    ("create {missing} --size 1M --tier gpu", "not available yet"),
+    ("create {missing} --size 1M --tier tape", "invalid choice"),
+    ("create {missing} --size 1M --mode 999", "octal"),
+    ("create {missing} --size 1M --path /tmp", "--tier disk"),
+    ("create {missing} --size 900T", "/dev/shm"),
+    ("status {missing}", "no pool named"),
+    ("status {junk}", "not a kvcache pool"),
+    ("entries {missing}", "no pool named"),
+    ("entries {pool} --sort weird", "invalid choice"),
+    ("entries {pool} --limit -1", "negative"),
+    ("health {missing}", "no pool named"),
+    ("persist {missing}", "no pool named"),
+    ("persist {pool} --path /proc/kvcache/x.kvsnap", "cannot create folder"),
+    ("restore {missing}", "persist"),
+    ("restore {missing} --path /nonexistent/x.kvsnap", "no snapshot"),
+    ("restore {missing} --path {garbage}", "not a kvcache snapshot"),
+    ("restore {missing} --path {truncated}", "truncated"),
+    ("restore {missing} --path {tmp}", "snapshot"),
+    ("restore {pool} --path {good}", "already exists"),
+    ("restore {missing} --path {good} --size 0", "positive"),
+    ("restore ../x --path {good}", "name"),
+    ("evict {pool} --percent 0", "percent"),
+    ("evict {pool} --percent 101", "percent"),
+    ("evict {pool} --percent -3", "percent"),
+    ("evict {pool} --percent abc", "invalid float"),
+    ("evict {pool} --bytes lots", "bytes"),
+    ("evict {pool}", "required"),
+    ("evict {pool} --percent 10 --bytes 1M", "not allowed"),
+    ("evict {missing} --percent 10", "no pool named"),
+    ("destroy {missing} --yes", "no pool named"),
+    ("destroy ../x --yes", "name"),
+    ("bogus", "invalid choice"),
+    ("", "required"),
+]
+
+
+def _snapshot_of_world(world: dict) -> tuple:
+    with kvcache.open(world["pool"]) as pool:
+        contents = {key: pool.get(key) for key in pool}
+        stats = pool.stats()
+    ours = {world["pool"], world["missing"], world["junk"]}
+    return (
+        sorted(ours & set(kvcache.list_pools())),  # other tests may run beside this one
+        contents,
+        (stats.num_entries, stats.used_bytes, stats.evictions),
+        Path(world["good"]).read_bytes(),
+        sorted(os.listdir(world["tmp"])),
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"), BAD_INPUTS, ids=[c or "(nothing)" for c, _ in BAD_INPUTS]
+)
+def test_bad_input_is_one_line_exit_1_and_changes_nothing(world, home, command, expected):
+    before = _snapshot_of_world(world)
+    args = [a.format(**world) for a in shlex.split(command)]
+    result = cortex(*args)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    message = result.stderr.strip()
+    assert "Traceback" not in result.stderr and "\n" not in message, result.stderr
+    assert expected.lower() in message.lower(), message
+    assert result.stdout == ""
+    assert _snapshot_of_world(world) == before
+
+
+def test_bad_input_battery_is_large_enough():
+    assert len(BAD_INPUTS) >= 40
+
+
+def test_another_users_pool_is_a_clear_error(names):
+    """Pools are 0600: a different (real) user cannot open one, and is told why.
+
+    The child is forked and drops to user ``nobody`` (the interpreter and its
+    standard library live under /root, which ``nobody`` cannot read, so the CLI
+    is imported before the fork), then runs the CLI entry point.
+    """
+    name = names()
+    cortex_json("create", name, "--size", "4M")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 99
+        try:
+            sys.stderr = os.fdopen(write_end, "w")  # pytest replaced the original
+            os.setgid(65534)
+            os.setuid(65534)
+            code = run(["status", name])
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as stream:
+        stderr = stream.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1, stderr
+    assert "another user" in stderr and "Traceback" not in stderr
+    assert stderr.count("\n") == 1
