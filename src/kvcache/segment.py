@@ -29,10 +29,11 @@ from .errors import (
     PoolExistsError,
     PoolNotFoundError,
 )
+from .units import format_size
 
 PREFIX = "kvcache."
 MAX_NAME_CHARS = 100
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a trailing newline
 
 
 def shm_dir() -> Path:
@@ -205,6 +206,8 @@ def attach(name: str) -> Segment:
         raise PoolNotFoundError(
             f"pool '{name}' belongs to another user: ask its owner for access"
         ) from exc
+    except IsADirectoryError as exc:
+        raise IncompatiblePoolError(f"{path} is a directory, not a kvcache pool") from exc
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise IncompatiblePoolError(f"{path} is a symbolic link, not a kvcache pool") from exc
@@ -232,6 +235,7 @@ def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:
     capacity = fs.f_blocks * fs.f_frsize
     if size_bytes > capacity:
         raise OutOfSharedMemoryError(
-            f"pool '{name}' needs {size_bytes} bytes but {folder} can hold at most {capacity}: "
+            f"pool '{name}' needs {format_size(size_bytes)} but {folder} holds at most "
+            f"{format_size(capacity)}: "
             "choose a smaller --size or enlarge /dev/shm (mount -o remount,size=... /dev/shm)"
         )

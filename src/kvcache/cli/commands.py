@@ -232,8 +232,8 @@ def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
     with kvcache.open(args.name) as pool:
         result = pool.evict(percent=args.percent, bytes=args.bytes, expired=args.expired)
     out.line(
-        f"evicted {result.num_entries} entries and {result.num_expired} expired ones from "
-        f"'{args.name}', freeing {format_size(result.num_bytes)}"
+        f"removed {result.num_entries + result.num_expired} entries ({result.num_expired} expired) "
+        f"from '{args.name}', freeing {format_size(result.num_bytes)}"
     )
     return {"name": args.name, **result.to_dict()}
 
