@@ -15,6 +15,7 @@ checked against the payload length before anything is allocated.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import NamedTuple
 
@@ -93,12 +94,16 @@ def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
         raise CorruptPoolError(f"stored array header is damaged ({exc})") from exc
     if (
         dtype.kind not in _ARRAY_KINDS
+        or ndim > MAX_NDIM
         or len(header) != 2 + dtype_len + 8 * ndim
         or any(d < 0 for d in shape)
-        or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != payload_bytes
+        or math.prod(shape) * dtype.itemsize != payload_bytes  # exact: int64 would wrap around
     ):
         raise CorruptPoolError("stored array header does not match its payload")
-    return np.empty(shape, dtype)
+    try:
+        return np.empty(shape, dtype)
+    except ValueError as exc:  # e.g. shape (0, 2**40, 2**40): no payload, yet too big for numpy
+        raise CorruptPoolError(f"stored array header is damaged ({exc})") from exc
 
 
 def byte_view(array: np.ndarray) -> memoryview:

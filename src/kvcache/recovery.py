@@ -15,6 +15,7 @@ seconds; it only runs after a crash or on request.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -102,6 +103,9 @@ def _entry_problem(parts: Parts, eid: int, newest: bool, owned: np.ndarray) -> s
     last_start, last_count = runs[-1]
     if last_start + last_count - 1 != q[base + E.last_page]:
         return "its page chain does not end at its last page"
+    ordered = sorted(runs)
+    if any(s1 + c1 > s2 for (s1, c1), (s2, _) in itertools.pairwise(ordered)):
+        return "its page chain visits a page twice"
     if any(owned[start : start + count].any() for start, count in runs):
         return "its pages are also another entry's"
     for start, count in runs:
@@ -148,6 +152,10 @@ def find_problems(parts: Parts) -> list[str]:
         )
     ):
         problems.append(f"live list ({num_live} ids) does not match the {len(ready)} ready entries")
+    used = min(max(0, h[H.next_fresh_entry]), v.geometry.max_entries)
+    unused = set(np.flatnonzero(~survey.keep[:used]).tolist())
+    if _walk_free_entries(v, len(unused)) != unused:
+        problems.append(f"free entry chain does not match the {len(unused)} unused entry slots")
     return problems
 
 
@@ -161,6 +169,18 @@ def _walk_free_list(v: Views, expected: int) -> set[int]:
     if page != NO_PAGE:
         pages.add(-1)  # a bad link, a cycle or too many pages: never equal to the expected set
     return pages
+
+
+def _walk_free_entries(v: Views, expected: int) -> set[int]:
+    """Entry ids on the free chain, stopping at a bad link or after more than ``expected``."""
+    ids: set[int] = set()
+    head, limit = v.header_q[H.free_entry_head], v.geometry.max_entries
+    while 0 < head <= limit and len(ids) <= expected and head - 1 not in ids:
+        ids.add(head - 1)
+        head = v.entries_q[(head - 1) * ENTRY_WORDS + E.next_free]
+    if head:
+        ids.add(-1)  # a bad link, a cycle or too many ids: never equal to the expected set
+    return ids
 
 
 def rebuild(parts: Parts) -> None:
