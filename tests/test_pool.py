@@ -421,3 +421,12 @@ def test_check_reports_and_repairs_a_broken_counter(make_pool):
     assert pool.check(repair=True) == problems
     assert pool.check() == [] and pool.get("a") == b"1"
     assert pool.stats().repairs == 1
+
+
+def test_numpy_scalars_come_back_as_zero_d_arrays(make_pool):
+    pool = make_pool()
+    pool.put("x", np.float64(1.5))
+    got = pool.get("x")
+    assert (
+        isinstance(got, np.ndarray) and got.shape == () and got.dtype == np.float64 and got == 1.5
+    )

@@ -353,3 +353,23 @@ def test_rebuild_restores_the_next_expiry(pool: kvcache.Pool) -> None:
     pool._views.header_d[H.next_expiry_at] = float("inf")
     recovery.rebuild(pool._recovery_parts())
     assert pool._views.header_d[H.next_expiry_at] == expiry
+
+
+def test_check_without_repair_writes_nothing(make_pool) -> None:
+    """Regression: a check clamped an out-of-range entry watermark even without repair."""
+    pool = make_pool(size="64K", page_size="1K")
+    pool.put("a", b"1")
+    pool._hq[H.next_fresh_entry] = 10**9  # white-box damage
+    before = bytes(pool._views.raw[: pool._views.geometry.data_offset])
+    assert any("watermark" in p for p in pool.check())
+    after = bytes(pool._views.raw[: pool._views.geometry.data_offset])
+    assert before == after
+    pool.check(repair=True)
+    assert pool.check() == [] and pool.get("a") == b"1"
+
+
+def test_a_record_claiming_more_pages_than_the_pool_is_reported_not_walked(make_pool) -> None:
+    pool = make_pool(size="64K", page_size="1K")
+    pool.put("a", b"1")
+    pool._eq[0 * ENTRY_WORDS + E.num_pages] = 2**40  # white-box damage
+    assert any("entry 0" in p for p in pool.check())

@@ -304,6 +304,8 @@ def test_a_directory_is_not_a_pool(pool_name: str) -> None:
     try:
         with pytest.raises(IncompatiblePoolError, match="directory"):
             kvcache.open(pool_name)
+        with pytest.raises(IncompatiblePoolError, match="directory"):
+            kvcache.destroy(pool_name)
     finally:
         _path(pool_name).rmdir()
 

@@ -213,3 +213,8 @@ def test_format_size_parses_back_close(n: int) -> None:
     """What format_size prints, parse_size reads back to within its rounding (5%)."""
     back = parse_size(format_size(n))
     assert math.isclose(back, n, rel_tol=0.05)
+
+
+def test_format_size_never_prints_1024_of_a_unit() -> None:
+    assert format_size(1048575) == "1.0M"
+    assert format_size(1023 * 1024) == "1023K"

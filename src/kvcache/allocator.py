@@ -93,6 +93,10 @@ class PageAllocator:
             CorruptPoolError: the chain leaves the pool or ends early.
         """
         nxt, limit = self._next_q, self._num_pages
+        if not 0 < num_pages <= limit:
+            raise CorruptPoolError(
+                f"an entry claims {num_pages} pages of {limit}: run cortex cache health --repair"
+            )
         runs: list[Run] = []
         page, start, count = first, first, 0
         for _ in range(num_pages):

@@ -46,8 +46,8 @@ def encode(value: object) -> Encoded:
     Raises:
         InvalidArgument: text, object arrays, or anything without a buffer.
     """
-    if isinstance(value, np.ndarray):
-        return _encode_array(value)
+    if isinstance(value, (np.ndarray, np.generic)):  # a numpy scalar comes back as a 0-d array
+        return _encode_array(np.asarray(value))
     if isinstance(value, str):
         raise InvalidArgument(
             "values must be bytes-like or numpy arrays: encode text first (.encode())"

@@ -55,7 +55,7 @@ def _survey(parts: Parts) -> _Survey:
     used = h[H.next_fresh_entry]
     if not 0 <= used <= g.max_entries:
         survey.problems.append(f"entry watermark {used} is outside the table")
-        used = h[H.next_fresh_entry] = g.max_entries
+        used = g.max_entries  # rebuild() writes it back; a check only reports
     states = v.entries["state"][:used]
     candidates = np.flatnonzero((states == READY) | (states == WRITING)).tolist()
     newest: dict[tuple[int, int], int] = {}
@@ -186,9 +186,11 @@ def _walk_free_entries(v: Views, expected: int) -> set[int]:
 def rebuild(parts: Parts) -> None:
     """Rebuild free list, index, live list and counters from the sound entries."""
     survey = _survey(parts)
+    v, h = parts.views, parts.views.header_q
+    if not 0 <= h[H.next_fresh_entry] <= v.geometry.max_entries:
+        h[H.next_fresh_entry] = v.geometry.max_entries
     parts.entries.rebuild(survey.keep)
     parts.allocator.rebuild(survey.owned)
     parts.index.rebuild(survey.ready)
-    v = parts.views
     expiries = v.entries["expires_at"][survey.ready]
     v.header_d[H.next_expiry_at] = float(expiries.min()) if expiries.size else math.inf

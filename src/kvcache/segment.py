@@ -225,6 +225,10 @@ def unlink(name: str) -> None:
         os.unlink(segment_path(name))
     except FileNotFoundError as exc:
         raise PoolNotFoundError(f"no pool named '{name}': see cortex cache list") from exc
+    except IsADirectoryError as exc:
+        raise IncompatiblePoolError(
+            f"{segment_path(name)} is a directory, not a kvcache pool"
+        ) from exc
 
 
 def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:

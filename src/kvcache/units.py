@@ -80,7 +80,7 @@ def format_size(num_bytes: int | float) -> str:
     """Render bytes the way people read them: ``16.0G``, ``512M``, ``4.0K``, ``100B``."""
     value = float(num_bytes)
     for unit in ("B", "K", "M", "G", "T"):
-        if abs(value) < 1024 or unit == "T":
+        if abs(value) < 1023.95 or unit == "T":  # 1023.96K would print as "1024K"
             break
         value /= 1024
     if unit == "B":
