@@ -44,10 +44,21 @@ def me() -> tuple[int, int]:
     return _me
 
 
+_PF_EXITING = 0x4
+"""Kernel task flag (stat field 9), set as soon as a process starts to exit: it
+closes its files (dropping its ``flock``) before it becomes a zombie, so the next
+lock holder can see a dying holder still in state R."""
+
+
 def is_alive(pid: int, start: int) -> bool:
-    """Whether the process that had ``pid`` and ``start`` still runs (zombies count as dead)."""
+    """Whether the process that had ``pid`` and ``start`` still runs (exiting or zombie: dead)."""
     fields = _stat_fields(pid) if pid > 0 else None
-    return fields is not None and fields[0] != b"Z" and int(fields[19]) == start
+    return (
+        fields is not None
+        and fields[0] not in (b"Z", b"X")
+        and not int(fields[6]) & _PF_EXITING
+        and int(fields[19]) == start
+    )
 
 
 class ProcessTable:
