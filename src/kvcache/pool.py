@@ -74,7 +74,7 @@ ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 """Sort keys of ``Pool.entries`` (ascending, ties by recency); ``policy`` ranks victims."""
 ENTRY_SORTS = (*ENTRY_ORDERS, "policy")
 SWEEP_SPACING = 64
-"""Unforced expiry sweeps are at least num_live / 64 puts apart (see _sweep_expired)."""
+"""Unforced tidies are at least num_live / 64 puts apart (see Pool._tidy)."""
 _HASH_HALVES = struct.Struct("<qq")
 
 Key = str | bytes
@@ -245,7 +245,7 @@ class Pool:
             raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
         target_bytes = 0 if bytes is None else parse_size(bytes, what="bytes to evict")
         with self._lock:
-            freed, num_expired = self._sweep_expired(force=True)
+            freed, num_expired = self._tidy(force=True)
             if percent is not None:
                 target_bytes = math.ceil(self._hq[H.used_pages] * self._page_size * percent / 100)
             if freed * self._page_size >= target_bytes:
@@ -631,8 +631,10 @@ class Pool:
 
     def _make_room(self, num_pages: int) -> None:
         """Evict (expired entries first) until ``num_pages`` pages and a slot are free."""
-        self._sweep_expired(force=False)
         allocator, entries = self._allocator, self._entries
+        if allocator.num_available() >= num_pages and entries.has_free_slot():
+            return
+        self._tidy(force=False)
         while allocator.num_available() < num_pages or not entries.has_free_slot():
             victims = self._choose_victims()
             if not victims.size:
@@ -672,22 +674,30 @@ class Pool:
     def _score_context(self) -> ScoreContext:
         return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
 
-    def _sweep_expired(self, *, force: bool) -> tuple[int, int]:
-        """Remove every expired entry, if forced or if one may have expired.
+    def _tidy(self, *, force: bool) -> tuple[int, int]:
+        """Reclaim what no one can use any more: expired entries and dead writers' pages.
 
-        A sweep scans the whole table (vectorised), so unforced sweeps are
-        spaced at least ``num_live / SWEEP_SPACING`` puts apart: with entries
-        expiring continuously, a sweep per put would make puts O(entries).
-        Between sweeps an expired entry is still never returned, and ranks
-        first whenever an eviction sample meets it.
+        Both need a scan of the whole entry table (vectorised), so unforced
+        tidies are spaced at least ``num_live / SWEEP_SPACING`` puts apart:
+        with entries expiring continuously, a scan per put would make puts
+        O(entries). Between tidies an expired entry is still never returned,
+        and ranks first whenever an eviction sample meets it.
 
         Returns:
-            (pages freed, entries removed).
+            (pages freed by expiry, entries expired).
         """
-        now, h = self._clock(), self._hq
-        if not force and (self._hd[H.next_expiry_at] > now or h[H.puts] < h[H.next_sweep_puts]):
+        h = self._hq
+        if not force and h[H.puts] < h[H.next_sweep_puts]:
             return 0, 0
         h[H.next_sweep_puts] = h[H.puts] + h[H.num_live] // SWEEP_SPACING
+        self._reclaim_dead_writers()
+        return self._sweep_expired(force=force)
+
+    def _sweep_expired(self, *, force: bool) -> tuple[int, int]:
+        """Remove every expired entry, if forced or if one may have expired."""
+        now = self._clock()
+        if not force and self._hd[H.next_expiry_at] > now:
+            return 0, 0
         records = self._views.entries[: self._hq[H.next_fresh_entry]]
         ready = records["state"] == READY
         expired = np.flatnonzero(ready & (records["expires_at"] <= now))
