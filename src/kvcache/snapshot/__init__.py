@@ -14,6 +14,7 @@ only when it is complete, so a bad file never harms the pool it would replace.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 from .. import segment
 from ..config import PoolConfig
 from ..errors import PoolExistsError, SnapshotError
-from ..layout import ENTRY_DTYPE, Geometry, write_header
+from ..layout import ENTRY_DTYPE, Geometry, H, write_header
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
 from ..pool import open as open_pool
@@ -236,6 +237,7 @@ def restore_with_report(
             raise
         try:
             skipped = _load(reader, builder, records, chosen, progress)
+            _restore_clock(builder, int(reader.header["clock"]), records["last_access"][chosen])
             segment.publish(seg, replace=replace)
         except BaseException:
             seg.path.unlink(missing_ok=True)
@@ -280,6 +282,16 @@ def _choose_survivors(
     return (
         best_kept_first[np.flatnonzero(fits)] if fits.all() else best_kept_first[: np.argmin(fits)]
     )
+
+
+def _restore_clock(pool: Pool, clock: int, last_access: np.ndarray) -> None:
+    """Set the logical clock back to the snapshot's (restoring entries ticked it).
+
+    Policies compare ages against the clock (LFU decays counts by it), so a
+    different clock would change which entry goes next once the pool is used.
+    """
+    with pool._lock:
+        pool._hq[H.clock] = max(clock, int(last_access.max()) if last_access.size else 0)
 
 
 def _load(
@@ -327,7 +339,7 @@ class _Reader:
         self.path = path
         where = f"snapshot {path}"
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # FIFOs: no wait
         except FileNotFoundError:
             raise SnapshotError(
                 f"no snapshot at {path}: persist the pool first, or give --path"
@@ -337,7 +349,10 @@ class _Reader:
                 f"cannot read {where} ({exc.strerror}): check its permissions"
             ) from exc
         try:
-            self.file_bytes = os.fstat(self.fd).st_size
+            info = os.fstat(self.fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SnapshotError(f"{where} is not a regular file: check the path")
+            self.file_bytes = info.st_size
             raw_header = os.pread(self.fd, HEADER_BYTES, 0)
             self.header, self.config = decode_header(raw_header, self.file_bytes, where)
             records_offset = int(self.header["records_offset"])

@@ -194,6 +194,7 @@ def check_records(
             f"{where} is damaged (header or entry table checksum mismatch): take a new snapshot"
         )
     records = np.frombuffer(record_bytes, RECORD_DTYPE)
+    data_bytes = int(header["data_bytes"])
     total = records["key_len"] + records["header_len"] + records["value_len"]
     ends = records["offset"] + total
     order = np.argsort(records["offset"], kind="stable")
@@ -204,7 +205,9 @@ def check_records(
         or (records["header_len"] > MAX_VALUE_HEADER_BYTES).any()
         or (records["value_len"] < 0).any()
         or (records["offset"] < 0).any()
-        or (ends > int(header["data_bytes"])).any()
+        or (records["offset"] > data_bytes).any()  # bounded first, so ends cannot wrap
+        or (records["value_len"] > data_bytes).any()
+        or (ends > data_bytes).any()
         or (records["flags"] & ~KNOWN_FLAGS).any()
         or (ends[order][:-1] > records["offset"][order][1:]).any()
     ):
