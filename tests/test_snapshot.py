@@ -696,6 +696,9 @@ def test_process_killed_mid_persist_leaves_the_previous_snapshot(make_pool, pool
         assert pool.get("big-7")[:8] == (7).to_bytes(8, "little")
         pool.put("after-crash", b"ok")
         assert pool.get("after-crash") == b"ok"
+        # the next persist to the same path removes the dead writer's leftover
+        pool.persist(target)
+        assert sorted(os.listdir(tmp_path)) == [target.name]
     finally:
         if child.poll() is None:
             child.kill()
@@ -744,3 +747,18 @@ def test_full_disk_is_a_clear_error_and_keeps_the_previous_snapshot(
     assert restored.get("small") == b"s" * 10_000
     assert pool.check() == []  # and the pool is fine
     assert pool.get("big-3") is not None
+
+
+def test_a_live_writers_temporary_file_is_left_alone(make_pool, tmp_path):
+    """Only temporary files of dead writers are removed: a live persist keeps its own."""
+    pool = make_pool("1M")
+    pool.put("a", b"1")
+    target = tmp_path / "pool.kvsnap"
+    live = (
+        tmp_path / f".{target.name}.{os.getpid()}-{kvcache.procs.start_time(os.getpid())}.abc.tmp"
+    )
+    live.write_bytes(b"in progress")
+    dead = tmp_path / f".{target.name}.999999999-1.abc.tmp"
+    dead.write_bytes(b"abandoned")
+    pool.persist(target)
+    assert live.exists() and not dead.exists()

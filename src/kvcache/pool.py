@@ -773,10 +773,14 @@ class Pool:
         with self._lock:
             if accepted:
                 self._publish(eid, history)
-                self._hq[H.clock] = max(self._hq[H.clock], history[1])
             else:
                 self._free_entry(eid)
         return accepted
+
+    def _set_clock(self, clock: int) -> None:
+        """Set the logical clock (a restore puts back the snapshot's)."""
+        with self._lock:
+            self._hq[H.clock] = clock
 
     def _recovery_parts(self) -> recovery.Parts:
         return recovery.Parts(self._views, self._allocator, self._entries, self._index)

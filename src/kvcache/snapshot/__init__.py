@@ -26,7 +26,7 @@ import numpy as np
 from .. import segment
 from ..config import PoolConfig
 from ..errors import PoolExistsError, SnapshotError
-from ..layout import ENTRY_DTYPE, Geometry, H, write_header
+from ..layout import ENTRY_DTYPE, Geometry, write_header
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
 from ..pool import open as open_pool
@@ -237,7 +237,10 @@ def restore_with_report(
             raise
         try:
             skipped = _load(reader, builder, records, chosen, progress)
-            _restore_clock(builder, int(reader.header["clock"]), records["last_access"][chosen])
+            # Restoring ticked the clock once per entry; policies measure age
+            # against it (LFU decays by it), so set it back to the snapshot's.
+            last_access = records["last_access"][chosen]
+            builder._set_clock(max(int(reader.header["clock"]), int(last_access.max(initial=0))))
             segment.publish(seg, replace=replace)
         except BaseException:
             seg.path.unlink(missing_ok=True)
@@ -282,16 +285,6 @@ def _choose_survivors(
     return (
         best_kept_first[np.flatnonzero(fits)] if fits.all() else best_kept_first[: np.argmin(fits)]
     )
-
-
-def _restore_clock(pool: Pool, clock: int, last_access: np.ndarray) -> None:
-    """Set the logical clock back to the snapshot's (restoring entries ticked it).
-
-    Policies compare ages against the clock (LFU decays counts by it), so a
-    different clock would change which entry goes next once the pool is used.
-    """
-    with pool._lock:
-        pool._hq[H.clock] = max(clock, int(last_access.max()) if last_access.size else 0)
 
 
 def _load(

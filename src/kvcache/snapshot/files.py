@@ -3,18 +3,21 @@
 A snapshot is written to a hidden temporary file in the destination folder,
 fsynced, renamed over the final name, and the folder is fsynced, so the final
 name always holds either the previous complete snapshot or the new complete
-one. Files are created 0600 and folders 0700.
+one. Files are created 0600 and folders 0700. A temporary file left by a
+persist that was killed is removed by the next persist to the same path.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SnapshotError
+from ..procs import is_alive, me
 
 SUFFIX = ".kvsnap"
 
@@ -49,7 +52,9 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
         raise SnapshotError(
             f"cannot create folder {folder} ({exc.strerror}): pick another --path"
         ) from exc
-    temp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    _remove_abandoned_temps(path)
+    pid, start = me()
+    temp = folder / f".{path.name}.{pid}-{start}.{secrets.token_hex(6)}.tmp"
     try:
         fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -75,6 +80,19 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
         temp.unlink(missing_ok=True)
         raise
     _fsync_folder(folder)
+
+
+def _remove_abandoned_temps(path: Path) -> None:
+    """Delete temporary files that persists of ``path`` killed mid-write left behind.
+
+    A temp file's name carries its writer's pid and start time, so only files
+    of dead writers go; a concurrent persist by a live process is left alone.
+    """
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.*-*.*.tmp"):
+        writer = temp.name[len(path.name) + 2 :].split(".", 1)[0]
+        pid, _, start = writer.partition("-")
+        if pid.isdigit() and start.isdigit() and not is_alive(int(pid), int(start)):
+            temp.unlink(missing_ok=True)
 
 
 def write_all(fd: int, views: list[memoryview]) -> None:
