@@ -132,7 +132,9 @@ class Pool:
         self._num_pages = geometry.num_pages
         self._policy = get_policy(config.policy)
         data_offset = geometry.data_offset
-        self._allocator = PageAllocator(views, lambda off, n: seg.reserve(data_offset + off, n))
+        self._allocator = PageAllocator(
+            views, lambda off, n: seg.reserve(data_offset + off, n, populate=True)
+        )
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
         self._procs = ProcessTable(views.procs)
