@@ -1,0 +1,1147 @@
+"""Benchmarks for kvcache pools: throughput, scaling, eviction cost and eviction quality.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_pool.py            # full run, a few minutes
+    .venv/bin/python benchmarks/bench_pool.py --quick    # smoke variant, < 30 s (CI)
+    .venv/bin/python benchmarks/bench_pool.py --profile  # cProfile of the put/get paths
+
+It prints plain-text tables and always exits 0 (it is not a test): goals from
+the issue are printed next to the measured values as PASS / MISS.
+
+Method
+------
+* Timing: ``time.perf_counter``, with the garbage collector off while timing.
+  A throughput figure is the median of several repeats (5; 3 with ``--quick``),
+  each long enough to swamp timer noise. GB/s means 1e9 bytes per second of
+  value bytes. The header and footer print the load average: other busy
+  processes on the machine make every number noisier (2 cores here).
+* Warm pools: every pool is filled before anything is timed and each timing
+  starts with an untimed warm-up round, so its pages (and the spare pages an
+  overwrite lands in) have been touched: first-touch page faults and the
+  pool's ``fallocate`` calls stay out of the numbers. The raw baseline's
+  mapping is touched the same way.
+* Throughput (1): ``put`` overwrites existing keys in a pool sized so nothing
+  is ever evicted; ``get`` returns a new ``bytes``; ``get_into`` fills one
+  preallocated numpy buffer; default 64 KiB pages; ``str`` keys. Cases (value
+  x values cycled through): 4 KiB x 4096, 64 KiB x 1024, 1 MiB x 32 (32 MiB,
+  stays in the CPU caches), 1 MiB x 256 and 16 MiB x 16 (256 MiB, bound by
+  memory bandwidth, like a real cache of GBs).
+* Raw baseline (1): in the same run, ``numpy.copyto`` of the same value into
+  (write: the bandwidth limit for ``put``) and out of (read: for ``get`` and
+  ``get_into``) each slot of a warm ``/dev/shm`` mapping holding as many values
+  as the pool cycles through, so both see the same cache regime.
+* Scaling (2): latency of ``get`` and overwriting ``put`` on uniformly random
+  keys, 64-byte values in 1 KiB pages, in a pool of 1,000 entries and one of
+  1,000,000 (100,000 with ``--quick``). Each call is timed on its own (so p99
+  is available); calls run in rounds on fresh random keys and the median
+  round's mean and p99 are shown.
+* Eviction cost (3): ``put`` of new keys into a full pool (every put evicts
+  one entry, chosen from the default sample of 64) against ``put`` of new keys
+  into the same pool size after it was filled and emptied with
+  ``evict(percent=100)``; then the full-pool rate under every policy.
+* Eviction quality (4): the Mooncake trace in ``shared/traces`` is replayed
+  through pools holding 10% and 20% of its distinct blocks (``--quick``: the
+  first 500 requests, 10%). Each request reads its blocks in order with
+  ``get_into`` and reuses only the leading run that hits, then stores every
+  block from the first miss on (one 1 KiB page per block: 8-byte key and
+  1016-byte value), reporting block hit rate and prefix-hit tokens (512 per
+  block, capped at the prompt length). Sampled eviction (the default 64
+  samples) is compared with exact ranking (``eviction_samples`` >= capacity)
+  for LRU. Exact LRU is also simulated in plain Python (an ``OrderedDict``
+  that, like the pool, makes room before it replaces a key): it checks the
+  pool's exact mode, gives exact LRU at the larger capacity where the pool's
+  exact mode would take minutes, and an unbounded run gives the upper bound.
+  ttl, size and priority run at the 10% capacity only. Replays run in two
+  worker processes: they measure hit rates, not speed.
+* Other stores (5): ``diskcache`` (directory in /dev/shm) and a Redis server
+  on 127.0.0.1:6379 join the 4 KiB and 1 MiB (32 MiB set) rows through the
+  same harness when they are available; otherwise a note says how to add them.
+* ``--profile`` runs only cProfile over 4 KiB put, get and full-pool put and
+  prints the functions with the most own time, per call and per operation
+  (cProfile inflates Python-level calls; use it for where, not how much).
+
+Pools are named ``bench-<pid>-...`` and destroyed in ``finally`` blocks (also
+on Ctrl-C); any leftover with that prefix is swept at exit. Random data and
+eviction sampling use fixed seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import itertools
+import json
+import math
+import mmap
+import os
+import platform
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import kvcache
+from kvcache.policies import POLICIES
+
+SEED = 1234
+KiB, MiB = 1 << 10, 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "synthetic_trace.jsonl"
+TOKENS_PER_BLOCK = 512
+SHM = Path("/dev/shm")
+
+POOL_PREFIX = f"bench-{os.getpid()}"
+_pool_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much work each section does (full run or ``--quick``)."""
+
+    quick: bool
+    min_time_s: float  # one timed repeat lasts at least this long
+    repeats: int  # throughput is the median over this many repeats
+    large_entries: int  # the big pool of the scaling section
+    latency_ops: int  # timed calls per latency cell, split into ``repeats`` rounds
+    evict_entries: int  # 4 KiB entries in the eviction pools (and puts per repeat)
+    trace_requests: int | None  # None: the whole trace
+    trace_fractions: tuple[float, ...]  # pool capacity, as a share of distinct blocks
+
+
+FULL = Settings(
+    quick=False,
+    min_time_s=0.25,
+    repeats=5,
+    large_entries=1_000_000,
+    latency_ops=50_000,
+    evict_entries=4096,
+    trace_requests=None,
+    trace_fractions=(0.10, 0.20),
+)
+QUICK = Settings(
+    quick=True,
+    min_time_s=0.03,
+    repeats=3,
+    large_entries=100_000,
+    latency_ops=6_000,
+    evict_entries=1024,
+    trace_requests=500,
+    trace_fractions=(0.10,),
+)
+
+Row = Sequence[object]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def progress(message: str) -> None:
+    """Progress goes to stderr, so stdout holds only the report."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def fmt_size(num_bytes: int) -> str:
+    return f"{num_bytes // MiB} MiB" if num_bytes >= MiB else f"{num_bytes // KiB} KiB"
+
+
+def fmt_int(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def print_table(title: str, headers: Row, rows: Sequence[Row], notes: Sequence[str] = ()) -> None:
+    """A plain aligned table: first column left-aligned, the rest right-aligned."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        parts = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    rule = "-" * len(line(cells[0]))
+    print(f"\n{title}\n{rule}\n{line(cells[0])}\n{rule}")
+    for row in cells[1:]:
+        print(line(row) if any(row) else "")
+    print(rule)
+    for note in notes:
+        print(f"  {note}")
+    sys.stdout.flush()
+
+
+def new_pool_name(tag: str) -> str:
+    return f"{POOL_PREFIX}-{tag}-{next(_pool_ids)}"
+
+
+@contextlib.contextmanager
+def temp_pool(name: str, size: int | str, **options: object) -> Iterator[kvcache.Pool]:
+    """Create pool ``name`` (seeded sampling); close and destroy it however the block ends."""
+    pool = kvcache.create(name, size, rng=np.random.default_rng(SEED), **options)  # type: ignore[arg-type]
+    try:
+        yield pool
+    finally:
+        try:
+            pool.close()
+        finally:
+            kvcache.destroy(name)
+
+
+def destroy_leftovers(prefix: str) -> None:
+    """Destroy any pool this run created and did not get to destroy (e.g. a killed worker)."""
+    for name in kvcache.list_pools():
+        if name.startswith(prefix + "-"):
+            with contextlib.suppress(kvcache.PoolNotFoundError):
+                kvcache.destroy(name)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def median_rate(batch: Callable[[], int], settings: Settings) -> float:
+    """Operations per second, median over repeats; ``batch`` runs some and returns how many."""
+    with gc_paused():
+        batch()  # warm-up
+        start = time.perf_counter()
+        batch()
+        one = max(time.perf_counter() - start, 1e-9)
+        loops = max(1, math.ceil(settings.min_time_s / one))
+        rates = []
+        for _ in range(settings.repeats):
+            start = time.perf_counter()
+            ops = sum(batch() for _ in range(loops))
+            rates.append(ops / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def random_bytes(size: int, seed: int = SEED) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def git_state() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes in src/' if dirty else ''}"
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def print_header(settings: Settings) -> None:
+    print(f"kvcache benchmark ({'--quick' if settings.quick else 'full'} run)")
+    print(
+        f"  kvcache {kvcache.__version__} at {git_state()}; python {platform.python_version()}, "
+        f"numpy {np.__version__}"
+    )
+    print(
+        f"  {cpu_model()}, {os.cpu_count()} cpus, "
+        f"/dev/shm {shutil.disk_usage(SHM).total / 2**30:.1f} GiB; seed {SEED}"
+    )
+    print(f"  {load_average()} (other busy processes make every number noisier)")
+
+
+def load_average() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
+
+
+# ------------------------------------------------------ 1. throughput vs raw
+
+
+@dataclass(frozen=True)
+class RawBaseline:
+    """GB/s of a numpy copy into and out of a mapped /dev/shm file."""
+
+    write_gbps: float
+    read_gbps: float
+
+
+def shm_region(num_bytes: int) -> tuple[mmap.mmap, np.ndarray]:
+    """A mapped, touched /dev/shm file of ``num_bytes``; unlinked at once so it cannot leak."""
+    path = SHM / f".{POOL_PREFIX}-raw-{next(_pool_ids)}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.unlink(path)
+        os.ftruncate(fd, num_bytes)
+        region = mmap.mmap(fd, num_bytes)
+    finally:
+        os.close(fd)
+    array = np.frombuffer(region, np.uint8)
+    array[:] = 1  # first touch, outside the timing
+    return region, array
+
+
+def measure_raw(value: bytes, count: int, settings: Settings) -> RawBaseline:
+    region, array = shm_region(len(value) * count)
+    try:
+        write_rate, read_rate = raw_copy_rates(array.reshape(count, len(value)), value, settings)
+    finally:
+        del array
+        with contextlib.suppress(BufferError):  # a view still held by a traceback
+            region.close()
+    return RawBaseline(write_rate * len(value) / 1e9, read_rate * len(value) / 1e9)
+
+
+def raw_copy_rates(region: np.ndarray, value: bytes, settings: Settings) -> tuple[float, float]:
+    """Copies/s of ``value`` into each row of ``region`` in turn, and out of each row."""
+    slots = list(region)
+    source = np.frombuffer(value, np.uint8)
+    target = np.empty(len(value), np.uint8)
+
+    def write() -> int:
+        for slot in slots:
+            np.copyto(slot, source)
+        return len(slots)
+
+    def read() -> int:
+        for slot in slots:
+            np.copyto(target, slot)
+        return len(slots)
+
+    return median_rate(write, settings), median_rate(read, settings)
+
+
+THROUGHPUT_CASES = ((4 * KiB, 4096), (64 * KiB, 1024), (MiB, 32), (MiB, 256), (16 * MiB, 16))
+"""(value size, values cycled through). The 1 MiB size runs twice: with a 32 MiB set, which
+stays in the CPU caches, and with a 256 MiB set, bound by memory bandwidth like a real cache of
+GBs (the raw baseline copies just as many values, so both see the same regime)."""
+
+
+def pool_size_for(value_size: int, count: int, page_size: int) -> int:
+    """Bytes for ``count`` values and two spares (an overwrite needs room for the new copy)."""
+    pages_per_value = -(-(value_size + 64) // page_size)  # + key
+    return (count + 2) * pages_per_value * page_size
+
+
+def measure_pool_ops(value: bytes, count: int, settings: Settings) -> dict[str, float]:
+    """ops/s of put (overwrite), get and get_into over ``count`` keys of a warm pool."""
+    page_size = 64 * KiB
+    keys = [f"key-{i:08d}" for i in range(count)]
+    buffer = np.empty(len(value), np.uint8)
+    size = pool_size_for(len(value), count, page_size)
+    with temp_pool(new_pool_name("tput"), size, page_size=page_size) as pool:
+        put, get, get_into = pool.put, pool.get, pool.get_into
+
+        def puts() -> int:
+            for key in keys:
+                put(key, value)
+            return count
+
+        def gets() -> int:
+            for key in keys:
+                get(key)
+            return count
+
+        def gets_into() -> int:
+            for key in keys:
+                get_into(key, buffer)
+            return count
+
+        puts()  # fill: first touch of every page
+        rates = {"put": median_rate(puts, settings)}
+        if pool.get(keys[-1]) != value:
+            raise RuntimeError("benchmark pool lost a value: the get numbers would be misses")
+        rates["get"] = median_rate(gets, settings)
+        rates["get_into"] = median_rate(gets_into, settings)
+        stats = pool.stats()
+        if stats.evictions or stats.misses:
+            raise RuntimeError(f"throughput pool evicted or missed: {stats}")
+    return rates
+
+
+THROUGHPUT_GOALS: dict[tuple[str, int], tuple[str, Callable[[float, float], bool]]] = {
+    ("put", 4 * KiB): (">= 50,000 op/s", lambda ops, ratio: ops >= 50_000),
+    ("get", 4 * KiB): (">= 100,000 op/s", lambda ops, ratio: ops >= 100_000),
+}
+for _size in (MiB, 16 * MiB):
+    for _op in ("put", "get_into"):
+        THROUGHPUT_GOALS[(_op, _size)] = (">= 0.70 x raw", lambda ops, ratio: ratio >= 0.70)
+
+
+def throughput_row(
+    label: str, size: int, count: int, op: str, ops: float, raw: RawBaseline
+) -> list[object]:
+    writes = op in ("put", "set")
+    raw_gbps = raw.write_gbps if writes else raw.read_gbps
+    gbps = ops * size / 1e9
+    ratio = gbps / raw_gbps
+    goal, check = THROUGHPUT_GOALS.get((op, size), ("", None)) if label == "kvcache" else ("", None)
+    return [
+        fmt_size(size),
+        fmt_size(size * count),
+        f"{label} {op}",
+        fmt_int(ops),
+        f"{gbps:.2f}",
+        f"{raw_gbps:.2f} {'w' if writes else 'r'}",
+        f"{ratio:.2f}",
+        goal,
+        verdict(check(ops, ratio)) if check else "",
+    ]
+
+
+def section_throughput(settings: Settings) -> None:
+    rows: list[list[object]] = []
+    skipped: list[str] = []
+    compared: set[int] = set()
+    for size, count in THROUGHPUT_CASES:
+        progress(f"throughput {fmt_size(size)} x {count}")
+        value = random_bytes(size)
+        raw = measure_raw(value, count, settings)
+        for op, ops in measure_pool_ops(value, count, settings).items():
+            rows.append(throughput_row("kvcache", size, count, op, ops, raw))
+        if size in (4 * KiB, MiB) and size not in compared:
+            compared.add(size)
+            for label, rates in other_store_rates(value, count, settings, skipped):
+                rows += [
+                    throughput_row(label, size, count, op, ops, raw) for op, ops in rates.items()
+                ]
+        rows.append([""] * 9)
+    print_table(
+        "1. Throughput, one process (default 64 KiB pages, warm pool, no eviction)",
+        ["value", "set", "operation", "ops/s", "GB/s", "raw GB/s", "pool/raw", "goal", "result"],
+        rows[:-1],
+        [
+            "set = bytes of the values cycled through; raw = numpy.copyto of the same values",
+            "into (w) / out of (r) a warm /dev/shm mapping of that size, measured in this run.",
+            "put overwrites existing keys; get returns new bytes; get_into fills one numpy buffer.",
+            *dict.fromkeys(skipped),
+        ],
+    )
+
+
+# ----------------------------------------------------------- 5. other stores
+
+
+def other_store_rates(
+    value: bytes, count: int, settings: Settings, skipped: list[str]
+) -> Iterator[tuple[str, dict[str, float]]]:
+    """(label, {op: ops/s}) for each optional store that is available; reasons for the others."""
+    for label, connect in (("diskcache", open_diskcache), ("redis", open_redis)):
+        try:
+            store = connect()
+        except Exception as exc:  # an absent package or server is expected: report, go on
+            skipped.append(f"{label} skipped: {exc}")
+            continue
+        with store as (set_, get):
+            rates = store_rates(set_, get, value, count, settings)
+        yield label, rates
+
+
+def store_rates(
+    set_: Callable[[str, bytes], object],
+    get: Callable[[str], object],
+    value: bytes,
+    count: int,
+    settings: Settings,
+) -> dict[str, float]:
+    """ops/s of set and get over ``count`` keys of another store, after one filling round."""
+    keys = [f"key-{i:08d}" for i in range(count)]
+
+    def sets() -> int:
+        for key in keys:
+            set_(key, value)
+        return count
+
+    def gets() -> int:
+        for key in keys:
+            get(key)
+        return count
+
+    sets()
+    return {"set": median_rate(sets, settings), "get": median_rate(gets, settings)}
+
+
+@contextlib.contextmanager
+def _diskcache_store() -> Iterator[tuple[Callable, Callable]]:
+    import diskcache
+
+    folder = tempfile.mkdtemp(prefix=f".{POOL_PREFIX}-diskcache-", dir=SHM)
+    try:
+        with diskcache.Cache(folder, size_limit=4 * 2**30) as store:
+            yield store.set, store.get
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def open_diskcache() -> contextlib.AbstractContextManager[tuple[Callable, Callable]]:
+    try:
+        import diskcache  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "the diskcache package is not installed (.venv/bin/pip install diskcache)"
+        ) from None
+    return _diskcache_store()
+
+
+@contextlib.contextmanager
+def _redis_store(client: Any) -> Iterator[tuple[Callable, Callable]]:
+    prefix = f"{POOL_PREFIX}:"
+    try:
+        yield (
+            (lambda key, value: client.set(prefix + key, value)),
+            (lambda key: client.get(prefix + key)),
+        )
+    finally:
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+        client.close()
+
+
+def open_redis() -> contextlib.AbstractContextManager[tuple[Callable, Callable]]:
+    try:
+        import redis
+    except ImportError:
+        raise RuntimeError(
+            "the redis package is not installed (.venv/bin/pip install redis, and run "
+            "redis-server on 127.0.0.1:6379)"
+        ) from None
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        client.close()
+        raise RuntimeError(
+            f"no redis-server on 127.0.0.1:6379 ({exc}); start one to include it"
+        ) from None
+    return _redis_store(client)
+
+
+# -------------------------------------------------------------- 2. scaling
+
+
+@dataclass(frozen=True)
+class Latency:
+    mean_us: float
+    p99_us: float
+
+
+def latency(op: Callable[[str], object], rounds: Sequence[Sequence[str]]) -> Latency:
+    """Each call timed on its own (the timer costs well under 0.1 us a call); the median
+    over rounds of each round's mean and p99, so a burst of outside load skews one round only."""
+    means, p99s = [], []
+    clock = time.perf_counter
+    with gc_paused():
+        for keys in rounds:
+            samples = np.empty(len(keys))
+            for i, key in enumerate(keys):
+                start = clock()
+                op(key)
+                samples[i] = clock() - start
+            means.append(samples.mean() * 1e6)
+            p99s.append(np.percentile(samples, 99) * 1e6)
+    return Latency(float(statistics.median(means)), float(statistics.median(p99s)))
+
+
+def measure_scaling(num_entries: int, settings: Settings) -> tuple[dict[str, Latency], float]:
+    """put/get latency on random keys of a pool holding ``num_entries`` 64-byte values."""
+    value = random_bytes(64)
+    keys = [f"key-{i:08d}" for i in range(num_entries)]
+    rng = np.random.default_rng(SEED)
+
+    def random_rounds() -> list[list[str]]:
+        per_round = settings.latency_ops // settings.repeats
+        return [
+            [keys[i] for i in rng.integers(0, num_entries, per_round)]
+            for _ in range(settings.repeats)
+        ]
+
+    size = (num_entries + num_entries // 20 + 64) * KiB  # 5% spare pages for overwrites
+    with temp_pool(new_pool_name("scale"), size, page_size="1K") as pool:
+        put, get = pool.put, pool.get
+        progress(f"scaling: filling {num_entries:,} entries")
+        start = time.perf_counter()
+        with gc_paused():
+            for key in keys:
+                put(key, value)
+        fill_rate = num_entries / (time.perf_counter() - start)
+        for key in random_rounds()[0]:  # warm-up
+            put(key, value)
+            get(key)
+        result = {
+            "put": latency(lambda key: put(key, value), random_rounds()),
+            "get": latency(get, random_rounds()),
+        }
+        stats = pool.stats()
+        if stats.num_entries != num_entries or stats.evictions or stats.misses:
+            raise RuntimeError(f"scaling pool evicted or missed: {stats}")
+    return result, fill_rate
+
+
+def section_scaling(settings: Settings) -> None:
+    small_n, large_n = 1000, settings.large_entries
+    small, _ = measure_scaling(small_n, settings)
+    large, fill_rate = measure_scaling(large_n, settings)
+    rows = []
+    for op in ("put", "get"):
+        ratio = large[op].mean_us / small[op].mean_us
+        rows.append(
+            [
+                op,
+                f"{small[op].mean_us:.2f}",
+                f"{large[op].mean_us:.2f}",
+                f"{ratio:.2f}",
+                f"{small[op].p99_us:.2f}",
+                f"{large[op].p99_us:.2f}",
+                "<= 1.5x",
+                verdict(ratio <= 1.5),
+            ]
+        )
+    print_table(
+        f"2. Scaling: latency at {small_n:,} vs {large_n:,} entries (64 B values, 1 KiB pages)",
+        [
+            "op",
+            f"mean us @{small_n:,}",
+            f"mean us @{large_n:,}",
+            "ratio",
+            f"p99 us @{small_n:,}",
+            f"p99 us @{large_n:,}",
+            "goal",
+            "result",
+        ],
+        rows,
+        [
+            f"{settings.latency_ops:,} calls per cell on uniformly random keys, in "
+            f"{settings.repeats} rounds (median round shown); put overwrites.",
+            f"filling the {large_n:,}-entry pool ran at {fmt_int(fill_rate)} puts/s "
+            "(includes first touch of its pages).",
+        ],
+    )
+
+
+# ------------------------------------------------------------- 3. eviction
+
+
+POLICY_PUT_OPTIONS: dict[str, Callable[[int], dict[str, object]]] = {
+    "priority": lambda i: {"priority": i % 10},
+    "ttl": lambda i: {"ttl": 3600 + i % 3600},
+}
+"""What a put passes under policies that read a per-entry field; others pass nothing."""
+
+
+def measure_put_rate(
+    value: bytes, capacity: int, settings: Settings, *, full: bool, policy: str = "lru"
+) -> float:
+    """puts/s of new keys into a warm pool of ``capacity`` values: full, or emptied first."""
+    page_size = 64 * KiB
+    pages_per_value = -(-(len(value) + 64) // page_size)
+    options = POLICY_PUT_OPTIONS.get(policy, lambda i: {})
+    counter = itertools.count()
+    size = capacity * pages_per_value * page_size
+    with temp_pool(new_pool_name("evict"), size, page_size=page_size, policy=policy) as pool:
+        put = pool.put
+
+        def timed_batch() -> float:
+            batch = [(f"key-{i:09d}", options(i)) for i in itertools.islice(counter, capacity)]
+            start = time.perf_counter()
+            for key, kwargs in batch:
+                put(key, value, **kwargs)
+            return capacity / (time.perf_counter() - start)
+
+        timed_batch()  # fill: first touch of every page
+        rates = []
+        with gc_paused():
+            for _ in range(settings.repeats + 1):  # the first repeat is a warm-up
+                if not full:
+                    pool.evict(percent=100)
+                before = pool.stats().evictions
+                rates.append(timed_batch())
+                evicted = pool.stats().evictions - before
+                if evicted != (capacity if full else 0):
+                    raise RuntimeError(
+                        f"{capacity} puts into a {'full' if full else 'empty'} "
+                        f"pool evicted {evicted} entries"
+                    )
+    return statistics.median(rates[1:])
+
+
+def section_eviction(settings: Settings) -> None:
+    sizes = {4 * KiB: settings.evict_entries, 64 * KiB: settings.evict_entries // 2}
+    values = {size: random_bytes(size) for size in sizes}
+    cost_rows = []
+    for size, capacity in sizes.items():
+        progress(f"eviction cost {fmt_size(size)}")
+        empty = measure_put_rate(values[size], capacity, settings, full=False)
+        full = measure_put_rate(values[size], capacity, settings, full=True)
+        ratio = empty / full
+        cost_rows.append(
+            [
+                fmt_size(size),
+                f"{capacity:,}",
+                fmt_int(empty),
+                fmt_int(full),
+                f"{1e6 / empty:.1f}",
+                f"{1e6 / full:.1f}",
+                f"{ratio:.2f}",
+                "<= 2x",
+                verdict(ratio <= 2),
+            ]
+        )
+    print_table(
+        "3a. Eviction cost: put of new keys into an emptied vs a full pool (lru, 64 KiB pages)",
+        [
+            "value",
+            "entries",
+            "empty put/s",
+            "full put/s",
+            "empty us",
+            "full us",
+            "full/empty",
+            "goal",
+            "result",
+        ],
+        cost_rows,
+        [
+            "every put into the full pool evicts one entry (sampled: 64 candidates ranked);",
+            "the empty pool was filled, then emptied by evict(percent=100): its pages are warm.",
+            "a 64 KiB value takes two 64 KiB pages (the key shares the first page).",
+        ],
+    )
+    policy_rows = []
+    for policy in POLICIES:
+        progress(f"eviction cost, policy {policy}")
+        rates = [
+            measure_put_rate(values[size], capacity, settings, full=True, policy=policy)
+            for size, capacity in sizes.items()
+        ]
+        policy_rows.append(
+            [policy, *(cell for r in rates for cell in (fmt_int(r), f"{1e6 / r:.1f}"))]
+        )
+    print_table(
+        "3b. Full-pool put rate per policy (every put evicts)",
+        ["policy", "4 KiB put/s", "4 KiB us", "64 KiB put/s", "64 KiB us"],
+        policy_rows,
+        [
+            "priority puts pass priority=i%10; ttl puts pass ttl=1-2 h (none expire); "
+            "the others pass nothing."
+        ],
+    )
+
+
+# ---------------------------------------------------- 4. eviction quality
+
+
+MAX_EXACT_POOL_CAPACITY = 8192
+"""Exact ranking costs O(entries) per eviction: above this, only the python reference runs."""
+BLOCK_VALUE_BYTES = 1016
+"""With an 8-byte key, one block fills exactly one 1 KiB page."""
+
+
+@dataclass(frozen=True)
+class Request:
+    input_length: int
+    blocks: tuple[bytes, ...]  # keys, in prompt order
+
+
+@cache
+def load_trace(path: Path, limit: int | None) -> tuple[Request, ...]:
+    requests = []
+    with path.open() as lines:
+        for line in itertools.islice(lines, limit):
+            record = json.loads(line)
+            blocks = tuple(int(h).to_bytes(8, "little") for h in record["hash_ids"])
+            requests.append(Request(int(record["input_length"]), blocks))
+    return tuple(requests)
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    label: str
+    policy: str
+    capacity: int  # blocks
+    samples: int  # eviction_samples
+    trace: Path
+    limit: int | None
+    pool_prefix: str
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    job: ReplayJob
+    block_hits: int
+    blocks: int
+    hit_tokens: int
+    input_tokens: int
+    evictions: int
+    seconds: float
+
+
+def reused_tokens(request: Request, hits: int) -> int:
+    return min(hits * TOKENS_PER_BLOCK, request.input_length)
+
+
+def replay_pool(job: ReplayJob) -> ReplayResult:
+    """Replay the trace through a real pool (runs in a worker process)."""
+    requests = load_trace(job.trace, job.limit)
+    value, buffer = bytes(BLOCK_VALUE_BYTES), bytearray(BLOCK_VALUE_BYTES)
+    by_position = job.policy == "priority"  # blocks deeper in a prompt are shared less
+    hits = hit_tokens = 0
+    name = f"{job.pool_prefix}-trace-{job.label.replace(' ', '-')}-{job.capacity}"
+    start = time.perf_counter()
+    with temp_pool(
+        name, job.capacity * KiB, page_size="1K", policy=job.policy, eviction_samples=job.samples
+    ) as pool:
+        get_into, put = pool.get_into, pool.put
+        for request in requests:
+            reused = 0
+            for key in request.blocks:
+                if get_into(key, buffer) is None:
+                    break
+                reused += 1
+            for position in range(reused, len(request.blocks)):
+                put(request.blocks[position], value, priority=-position if by_position else 0)
+            hits += reused
+            hit_tokens += reused_tokens(request, reused)
+        evictions = pool.stats().evictions
+    return ReplayResult(
+        job,
+        hits,
+        sum(len(r.blocks) for r in requests),
+        hit_tokens,
+        sum(r.input_length for r in requests),
+        evictions,
+        time.perf_counter() - start,
+    )
+
+
+def replay_reference(job: ReplayJob) -> ReplayResult:
+    """Exact LRU (capacity 0: unbounded) in plain Python, with the pool's put semantics:
+    room is made before a key is replaced, so a put of a present key into a full
+    cache still evicts the least recent entry (possibly that key)."""
+    requests = load_trace(job.trace, job.limit)
+    cache_: OrderedDict[bytes, None] = OrderedDict()
+    hits = hit_tokens = evictions = 0
+    start = time.perf_counter()
+    for request in requests:
+        reused = 0
+        for key in request.blocks:
+            if key not in cache_:
+                break
+            cache_.move_to_end(key)
+            reused += 1
+        for key in request.blocks[reused:]:
+            if job.capacity and len(cache_) >= job.capacity:
+                cache_.popitem(last=False)
+                evictions += 1
+            cache_[key] = None
+            cache_.move_to_end(key)
+        hits += reused
+        hit_tokens += reused_tokens(request, reused)
+    return ReplayResult(
+        job,
+        hits,
+        sum(len(r.blocks) for r in requests),
+        hit_tokens,
+        sum(r.input_length for r in requests),
+        evictions,
+        time.perf_counter() - start,
+    )
+
+
+def run_replay(job: ReplayJob) -> ReplayResult:
+    return replay_reference(job) if job.policy == "reference" else replay_pool(job)
+
+
+def replay_jobs(trace: Path, settings: Settings, distinct: int) -> list[ReplayJob]:
+    """Pool replays for every policy and capacity, exact LRU in the pool at the smallest
+    capacity (it ranks every entry on every put: the slow one), and reference runs."""
+
+    def job(label: str, policy: str, capacity: int, samples: int = 64) -> ReplayJob:
+        return ReplayJob(
+            label, policy, capacity, samples, trace, settings.trace_requests, POOL_PREFIX
+        )
+
+    capacities = [max(64, round(distinct * f)) for f in settings.trace_fractions]
+    jobs = []
+    if capacities[0] <= MAX_EXACT_POOL_CAPACITY:  # first: the longest job
+        jobs.append(job("lru exact", "lru", capacities[0], max(64, capacities[0])))
+    for capacity in capacities:
+        # With equal sizes and no ttl, size and ttl order exactly as lru, and priority is a
+        # fixed heuristic: each is shown at the first capacity only, to keep the section short.
+        once = ("ttl", "size", "priority") if capacity != capacities[0] else ()
+        jobs += [job(policy, policy, capacity) for policy in POLICIES if policy not in once]
+        jobs.append(job("lru exact (python reference)", "reference", capacity))
+    jobs.append(job("unbounded (upper bound)", "reference", 0))
+    return jobs
+
+
+def section_trace(trace: Path, settings: Settings) -> None:
+    if not trace.is_file():
+        print(f"\n4. Eviction quality: skipped, no trace at {trace} (pass --trace PATH)")
+        return
+    requests = load_trace(trace, settings.trace_requests)
+    distinct = len({key for r in requests for key in r.blocks})
+    jobs = replay_jobs(trace, settings, distinct)
+    progress(f"trace replay: {len(jobs)} replays of {len(requests):,} requests in 2 processes")
+    with ProcessPoolExecutor(max_workers=2) as workers:
+        results = list(workers.map(run_replay, jobs))
+    print_trace_table(results, len(requests), distinct)
+
+
+def print_trace_table(results: list[ReplayResult], num_requests: int, distinct: int) -> None:
+    rows: list[list[object]] = []
+    for capacity in sorted({r.job.capacity for r in results if r.job.capacity}):
+        group = sorted((r for r in results if r.job.capacity == capacity), key=trace_row_order)
+        rows += [trace_row(r, distinct) for r in group] + [[""] * 8]
+    rows += [trace_row(r, distinct) for r in results if not r.job.capacity]
+    first = results[0]
+    print_table(
+        f"4. Eviction quality: Mooncake trace replay, {num_requests:,} requests, "
+        f"{first.blocks:,} block reads, {distinct:,} distinct blocks",
+        [
+            "capacity",
+            "policy / eviction",
+            "block hit rate",
+            "prefix-hit tokens",
+            "of input",
+            "evictions",
+            "seconds",
+            "note",
+        ],
+        rows,
+        [
+            "sampled = default eviction_samples=64; exact = eviction_samples >= capacity "
+            "(ranks every entry on each eviction).",
+            "priority puts pass priority=-(block position in the prompt), with no aging; no ttl",
+            "is given and all values are equal, so ttl and size rank exactly as lru. These three",
+            "run at the first capacity only.",
+            *approximation_notes(results),
+        ],
+    )
+
+
+def trace_row_order(result: ReplayResult) -> tuple[int, str]:
+    job = result.job
+    return (0 if job.policy == "lru" else 1 if job.policy == "reference" else 2, job.label)
+
+
+def trace_row(result: ReplayResult, distinct: int) -> list[object]:
+    job = result.job
+    if not job.capacity:
+        capacity, kind = "unbounded", job.label
+    else:
+        capacity = f"{job.capacity:,} ({job.capacity / distinct:.0%})"
+        exact = job.samples >= job.capacity or job.policy == "reference"
+        kind = job.label if job.policy == "reference" or exact else f"{job.label} sampled"
+    note = {"ttl": "= lru (ties)", "size": "= lru (ties)", "priority": "prio=-position"}.get(
+        job.policy, ""
+    )
+    return [
+        capacity,
+        kind,
+        f"{result.block_hits / result.blocks:.2%}",
+        f"{result.hit_tokens:,}",
+        f"{result.hit_tokens / result.input_tokens:.2%}",
+        f"{result.evictions:,}",
+        f"{result.seconds:.1f}",
+        note,
+    ]
+
+
+def approximation_notes(results: list[ReplayResult]) -> list[str]:
+    notes = []
+    for capacity in sorted({r.job.capacity for r in results if r.job.capacity}):
+        group = {r.job.label: r for r in results if r.job.capacity == capacity}
+        sampled, exact = (
+            group.get("lru"),
+            group.get("lru exact") or group.get("lru exact (python reference)"),
+        )
+        if sampled is None or exact is None:
+            continue
+        rate_s, rate_e = sampled.block_hits / sampled.blocks, exact.block_hits / exact.blocks
+        notes.append(
+            f"capacity {capacity:,}: sampled lru {rate_s:.2%} vs exact {rate_e:.2%} block hits "
+            f"({(rate_s - rate_e) * 100:+.2f} points, "
+            f"{sampled.hit_tokens / exact.hit_tokens - 1:+.1%} prefix-hit tokens)"
+        )
+        reference = group.get("lru exact (python reference)")
+        if "lru exact" in group and reference is not None:
+            same = (group["lru exact"].block_hits, group["lru exact"].evictions) == (
+                reference.block_hits,
+                reference.evictions,
+            )
+            notes.append(
+                f"capacity {capacity:,}: pool exact lru "
+                f"{'matches' if same else 'DIFFERS FROM'} the python reference"
+            )
+    return notes
+
+
+# ------------------------------------------------------------------ profile
+
+
+def profile_table(title: str, profiler: cProfile.Profile, ops: int, top: int = 14) -> None:
+    """The functions with the most own time, per call and per benchmark operation."""
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    rows = []
+    for (path, line, func), (_, calls, own, cumulative, _) in sorted(
+        stats.items(), key=lambda item: -item[1][2]
+    )[:top]:
+        where = f"{Path(path).name}:{line}({func})" if line else func
+        rows.append(
+            [
+                where[:70],
+                f"{calls / ops:.2f}",
+                f"{own / calls * 1e6:.2f}",
+                f"{own / ops * 1e6:.2f}",
+                f"{cumulative / ops * 1e6:.2f}",
+                f"{own / total:.0%}",
+            ]
+        )
+    print_table(
+        f"{title}: {ops:,} ops, {total / ops * 1e6:.1f} us/op under cProfile",
+        [
+            "function (sorted by own time)",
+            "calls/op",
+            "own us/call",
+            "own us/op",
+            "cum us/op",
+            "share",
+        ],
+        rows,
+    )
+
+
+def profiled(batch: Callable[[], int]) -> tuple[cProfile.Profile, int]:
+    profiler = cProfile.Profile()
+    with gc_paused():
+        profiler.enable()
+        ops = batch()
+        profiler.disable()
+    return profiler, ops
+
+
+def section_profile(settings: Settings) -> None:
+    """cProfile of 4 KiB put (overwrite), get, and put into a full pool."""
+    value, count = random_bytes(4 * KiB), 4096
+    keys = [f"key-{i:08d}" for i in range(count)]
+    rounds = 2 if settings.quick else 5
+    with temp_pool(new_pool_name("prof"), pool_size_for(len(value), count, 64 * KiB)) as pool:
+        for key in keys:
+            pool.put(key, value)
+
+        def puts() -> int:
+            for _ in range(rounds):
+                for key in keys:
+                    pool.put(key, value)
+            return rounds * count
+
+        def gets() -> int:
+            for _ in range(rounds):
+                for key in keys:
+                    pool.get(key)
+            return rounds * count
+
+        profile_table("profile: 4 KiB put (overwrite, no eviction)", *profiled(puts))
+        profile_table("profile: 4 KiB get", *profiled(gets))
+    with temp_pool(new_pool_name("prof"), count * 64 * KiB) as pool:
+        for key in keys:
+            pool.put(key, value)
+        new_keys = [f"new-{i:08d}" for i in range(rounds * count)]
+
+        def full_puts() -> int:
+            for key in new_keys:
+                pool.put(key, value)
+            return len(new_keys)
+
+        profile_table(
+            "profile: 4 KiB put into a full pool (every put evicts)", *profiled(full_puts)
+        )
+
+
+# --------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fast smoke variant (< 30 s)")
+    parser.add_argument(
+        "--profile", action="store_true", help="only profile the put/get paths with cProfile"
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=DEFAULT_TRACE,
+        help=f"trace for section 4 (default {DEFAULT_TRACE})",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    sections: list[tuple[str, Callable[[], None]]] = [
+        ("throughput", lambda: section_throughput(settings)),
+        ("scaling", lambda: section_scaling(settings)),
+        ("eviction cost", lambda: section_eviction(settings)),
+        ("eviction quality", lambda: section_trace(args.trace, settings)),
+    ]
+    if args.profile:
+        sections = [("profile", lambda: section_profile(settings))]
+    started = time.perf_counter()
+    print_header(settings)
+    timings = []
+    try:
+        for label, run in sections:
+            section_start = time.perf_counter()
+            run()
+            timings.append(f"{label} {time.perf_counter() - section_start:.0f} s")
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        destroy_leftovers(POOL_PREFIX)
+    print(f"\ntotal time {time.perf_counter() - started:.1f} s ({', '.join(timings)})")
+    print(f"at the end: {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
