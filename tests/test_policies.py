@@ -12,7 +12,7 @@ import pytest
 
 import kvcache
 from kvcache import InvalidArgument
-from kvcache.policies import POLICIES, get_policy
+from kvcache.policies import EVICTION_BATCH, POLICIES, get_policy
 
 PAGE = 1024
 SLOTS = 8  # the pool holds 8 one-page entries
@@ -159,14 +159,14 @@ def test_unknown_policy_lists_the_valid_names():
 
 
 def test_sampled_lru_evicts_from_the_oldest_entries(make_pool):
-    """With 4000 entries and 64 samples per eviction, victims still come from the old end."""
+    """With 4000 entries and 64 draws per victim, victims still come from the old end."""
     pool = make_pool(size=4000 * PAGE, page_size=PAGE, rng=np.random.default_rng(11))
     for i in range(4000):
         pool.put(f"k{i}", b"v")
     for i in range(400):
         pool.put(f"new{i}", b"v")
     evicted = [i for i in range(4000) if f"k{i}" not in pool]
-    assert len(evicted) == 400
+    assert 400 <= len(evicted) < 400 + EVICTION_BATCH  # batches evict a little ahead
     assert np.percentile(evicted, 95) < 0.3 * 4000
     assert pool.check() == []
 

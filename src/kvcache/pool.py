@@ -638,7 +638,7 @@ class Pool:
             return
         self._tidy(force=False)
         while allocator.num_available() < num_pages or not entries.has_free_slot():
-            victims = self._choose_victims()
+            victims, exact = self._choose_victims()
             if not victims.size:
                 if self._reclaim_dead_writers():
                     continue
@@ -646,16 +646,15 @@ class Pool:
                     f"pool '{self.name}' has no room: its space is held by values other "
                     "processes are still writing; retry, or create a larger pool"
                 )
-            exact = self._hq[H.num_live] <= self.config.eviction_samples
-            for eid in victims if exact else victims[: max(1, victims.size // 8)]:
+            for eid in victims.tolist():
                 if self._eq[eid * ENTRY_WORDS + E.state] != READY:
-                    continue
+                    continue  # drawn twice, and already evicted
                 self._remove(eid)
                 self._hq[H.evictions] += 1
-                if allocator.num_available() >= num_pages and entries.has_free_slot():
+                if exact and allocator.num_available() >= num_pages and entries.has_free_slot():
                     return
 
-    def _choose_victims(self) -> np.ndarray:
+    def _choose_victims(self) -> tuple[np.ndarray, bool]:
         live = self._views.live[: self._hq[H.num_live]]
         return choose_victims(
             self._policy,

@@ -3,12 +3,15 @@
 A policy only scores candidate entries, all on one scale: higher is a better
 victim (as Redis does). Everything else is shared here: expired entries rank
 first under every policy, ties go to the least recently used, and the pool
-does the freeing. Scores are computed with numpy over a batch of candidate
-records, never with a Python loop per entry.
+does the freeing. Scores are computed with numpy over a batch of candidates,
+never with a Python loop per entry; a policy names the entry fields it reads
+so that only those columns are gathered for a sample (gathering whole
+160-byte records cost ~10 us of a ~50 us eviction).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,25 +27,42 @@ class ScoreContext:
     lfu_half_life: int  # clock ticks after which an idle LFU count halves
 
 
+Columns = Mapping[str, np.ndarray] | np.ndarray
+"""Entry fields by name (``layout.ENTRY_DTYPE``), one array each; a structured array also fits."""
+RANKING_FIELDS = ("expires_at", "last_access")
+"""Fields every ranking reads besides the policy's own."""
+
+
 class Policy(Protocol):
-    """An eviction policy: a name, a one-line use case, and a vectorised score."""
+    """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score."""
 
     name: str
     summary: str
+    fields: tuple[str, ...]
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        """Victim score per record (``layout.ENTRY_DTYPE``); higher is evicted first."""
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        """Victim score per entry; higher is evicted first."""
         ...
 
 
-def decayed_frequency(records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
+def decayed_frequency(columns: Columns, ctx: ScoreContext) -> np.ndarray:
     """Access counts aged to ``ctx.clock``: halved every ``lfu_half_life`` idle ticks."""
-    idle = ctx.clock - records["last_access"]
-    return records["freq"] * np.exp2(-idle / ctx.lfu_half_life)
+    idle = ctx.clock - columns["last_access"]
+    return columns["freq"] * np.exp2(-idle / ctx.lfu_half_life)
 
 
-def rank_victims(policy: Policy, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-    """Order ``records`` best victim first: expired, then by score, then least recent."""
-    score = np.asarray(policy.score(records, ctx), dtype=np.float64)
-    score = np.where(records["expires_at"] <= ctx.now_s, np.inf, score)
-    return np.lexsort((records["last_access"], -score))
+def rank_victims(
+    policy: Policy, columns: Columns, ctx: ScoreContext, top: int | None = None
+) -> np.ndarray:
+    """Order entries best victim first: expired, then by score, then least recent.
+
+    Args:
+        top: only the best ``top`` are wanted: they are picked with a partial
+            sort first (ties at the cut are then broken arbitrarily).
+    """
+    score = np.asarray(policy.score(columns, ctx), dtype=np.float64)
+    score = np.where(columns["expires_at"] <= ctx.now_s, np.inf, score)
+    if top is not None and top < score.size:
+        best = np.argpartition(-score, top)[:top]
+        return best[np.lexsort((columns["last_access"][best], -score[best]))]
+    return np.lexsort((columns["last_access"], -score))

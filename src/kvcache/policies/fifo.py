@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ScoreContext
+from .base import Columns, ScoreContext
 
 
 class FIFO:
     name = "fifo"
     summary = "oldest insert first; cheapest, for streams that are rarely reused"
+    fields: tuple[str, ...] = ("created",)
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        return -records["created"].astype(np.float64)
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        return -columns["created"].astype(np.float64)

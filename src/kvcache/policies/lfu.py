@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ScoreContext, decayed_frequency
+from .base import Columns, ScoreContext, decayed_frequency
 
 
 class LFU:
     name = "lfu"
     summary = "least frequently used first (counts age); keeps shared system prompts hot"
+    fields: tuple[str, ...] = ("freq", "last_access")
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        return -decayed_frequency(records, ctx)
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        return -decayed_frequency(columns, ctx)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ScoreContext
+from .base import Columns, ScoreContext
 
 
 class LRU:
     name = "lru"
     summary = "least recently used first; the safe default for chat and agent traffic"
+    fields: tuple[str, ...] = ("last_access",)
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        return -records["last_access"].astype(np.float64)
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        return -columns["last_access"].astype(np.float64)

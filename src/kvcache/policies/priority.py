@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ScoreContext
+from .base import Columns, ScoreContext
 
 
 class Priority:
     name = "priority"
     summary = "lowest put(priority=...) first, then least recent; pin what you rank high"
+    fields: tuple[str, ...] = ("priority",)
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        return -records["priority"].astype(np.float64)
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        return -columns["priority"].astype(np.float64)

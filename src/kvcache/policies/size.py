@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ScoreContext
+from .base import Columns, ScoreContext
 
 
 class Size:
     name = "size"
     summary = "largest first; keeps many small prefixes instead of a few long ones"
+    fields: tuple[str, ...] = ("num_pages",)
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        return records["num_pages"].astype(np.float64)
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        return columns["num_pages"].astype(np.float64)

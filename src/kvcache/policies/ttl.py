@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ScoreContext
+from .base import Columns, ScoreContext
 
 
 class TTL:
     name = "ttl"
     summary = "soonest expiry first (no ttl = last); for time-bounded sessions"
+    fields: tuple[str, ...] = ("expires_at",)
 
-    def score(self, records: np.ndarray, ctx: ScoreContext) -> np.ndarray:
-        return -records["expires_at"]
+    def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
+        return -columns["expires_at"]
