@@ -96,7 +96,7 @@ from typing import Any
 import numpy as np
 
 import kvcache
-from kvcache.policies import POLICIES
+from kvcache.policies import EVICTION_BATCH, POLICIES
 
 SEED = 1234
 KiB, MiB = 1 << 10, 1 << 20
@@ -693,7 +693,11 @@ def measure_put_rate(
                 before = pool.stats().evictions
                 rates.append(timed_batch())
                 evicted = pool.stats().evictions - before
-                if evicted != (capacity if full else 0):
+                # a full pool evicts about one entry per put (batches run a little ahead)
+                expected_ok = (
+                    capacity <= evicted <= capacity + EVICTION_BATCH if full else evicted == 0
+                )
+                if not expected_ok:
                     raise RuntimeError(
                         f"{capacity} puts into a {'full' if full else 'empty'} "
                         f"pool evicted {evicted} entries"
@@ -738,7 +742,8 @@ def section_eviction(settings: Settings) -> None:
         ],
         cost_rows,
         [
-            "every put into the full pool evicts one entry (sampled: 64 candidates ranked);",
+            "every put into the full pool evicts one entry on average: the best"
+            f" {EVICTION_BATCH} of {EVICTION_BATCH * 64} sampled candidates, a batch at a time;",
             "the empty pool was filled, then emptied by evict(percent=100): its pages are warm.",
             "a 64 KiB value takes two 64 KiB pages (the key shares the first page).",
         ],
