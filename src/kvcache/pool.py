@@ -28,16 +28,16 @@ from types import TracebackType
 import numpy as np
 import xxhash
 
-from . import codec, recovery, segment
+from . import codec, recovery, segment, transfer
 from .allocator import PageAllocator, Run
 from .config import MAX_KEY_BYTES, PoolConfig
 from .entries import EntryTable
 from .errors import (
     CorruptPoolError,
     InvalidArgument,
-    PoolFullError,
     ValueTooLargeError,
 )
+from .eviction import EvictionMixin
 from .index import HashIndex
 from .layout import (
     ENTRY_WORDS,
@@ -53,19 +53,16 @@ from .layout import (
     write_header,
 )
 from .lock import ClosedLock, PoolLock
-from .policies import ScoreContext, choose_victims, get_policy, rank_victims
-from .procs import ProcessTable, is_alive, me
-from .reports import EntryInfo, EvictionResult, PoolStats
-from .units import parse_duration, parse_size
+from .policies import get_policy, rank_victims
+from .procs import ProcessTable, me
+from .reports import EntryInfo, PoolStats
+from .units import parse_duration
 
 INLINE_COPY_MAX_BYTES = 64 << 10
 """Copies up to 64 KiB happen under the lock: a 64 KiB memcpy (~5 us) costs
 less than the second lock round trip the seqlock path needs."""
 READ_ATTEMPTS = 4
 """A large read overtaken by concurrent eviction this many times is a miss."""
-EVICT_BATCH = 1024
-"""Explicit evictions release the lock after this many removals, so other
-processes are never stalled for the whole of a large eviction."""
 ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "lru": lambda r: r["last_access"],
     "size": lambda r: -(r["key_len"] + r["header_len"] + r["value_len"]),
@@ -73,8 +70,6 @@ ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 """Sort keys of ``Pool.entries`` (ascending, ties by recency); ``policy`` ranks victims."""
 ENTRY_SORTS = (*ENTRY_ORDERS, "policy")
-SWEEP_SPACING = 64
-"""Unforced tidies are at least num_live / 64 puts apart (see Pool._tidy)."""
 _HASH_HALVES = struct.Struct("<qq")
 
 Key = str | bytes
@@ -101,7 +96,7 @@ def _hash(key: bytes) -> tuple[int, int]:
     return _HASH_HALVES.unpack(xxhash.xxh3_128_digest(key))  # type: ignore[return-value]
 
 
-class Pool:
+class Pool(EvictionMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -225,51 +220,6 @@ class Pool:
         if not self.delete(key):
             raise KeyError(key)
 
-    def evict(
-        self, *, percent: float | None = None, bytes: str | int | None = None, expired: bool = False
-    ) -> EvictionResult:
-        """Evict by the pool's policy, expired entries first.
-
-        Give exactly one of: ``percent`` of the used bytes to free (0-100],
-        ``bytes`` to free (``"100M"``), or ``expired=True`` to drop only expired
-        entries. Unlike the sampling done on put, this ranks every entry.
-
-        Raises:
-            InvalidArgument: none or several targets, or a bad percent or size.
-        """
-        if (percent is not None) + (bytes is not None) + bool(expired) != 1:
-            raise InvalidArgument("evict needs exactly one of percent=, bytes= or expired=True")
-        if percent is not None and (
-            isinstance(percent, bool)
-            or not isinstance(percent, (int, float))
-            or not 0 < percent <= 100
-        ):
-            raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
-        target_bytes = 0 if bytes is None else parse_size(bytes, what="bytes to evict")
-        with self._lock:
-            freed, num_expired = self._tidy(force=True)
-            if percent is not None:
-                target_bytes = math.ceil(self._hq[H.used_pages] * self._page_size * percent / 100)
-            if freed * self._page_size >= target_bytes:
-                return EvictionResult(0, num_expired, freed * self._page_size)
-            ranked = self._rank_all()
-        num_entries = 0
-        for start in range(0, len(ranked), EVICT_BATCH):
-            with self._lock:
-                for eid, generation in ranked[start : start + EVICT_BATCH]:
-                    if freed * self._page_size >= target_bytes:
-                        break
-                    base = eid * ENTRY_WORDS
-                    if (
-                        self._eq[base + E.generation] == generation
-                        and self._eq[base + E.state] == READY
-                    ):
-                        freed += self._eq[base + E.num_pages]
-                        self._remove(eid)
-                        self._hq[H.evictions] += 1
-                        num_entries += 1
-        return EvictionResult(num_entries, num_expired, freed * self._page_size)
-
     # ------------------------------------------------------------------ reads
 
     def get(self, key: Key) -> Value | None:
@@ -282,8 +232,8 @@ class Pool:
                     return None
                 header, payload, generation = self._value_views(eid)
                 if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
-                    return _materialise(header, payload)
-            value = _materialise(header, payload)
+                    return transfer.materialise(header, payload)
+            value = transfer.materialise(header, payload)
             with self._lock:
                 if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                     return value
@@ -319,9 +269,9 @@ class Pool:
                         f"buffer of {target.nbytes} bytes is too small for the {length}-byte value"
                     )
                 if length <= INLINE_COPY_MAX_BYTES:
-                    _copy_into(target, payload)
+                    transfer.copy_into(target, payload)
                     return length
-            _copy_into(target, payload)
+            transfer.copy_into(target, payload)
             with self._lock:
                 if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                     return length
@@ -532,36 +482,14 @@ class Pool:
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
 
-    def _slices(self, runs: list[Run], start: int, length: int) -> list[memoryview]:
-        """Views of bytes ``[start, start+length)`` of an entry laid over ``runs``."""
-        data, page_size = self._data, self._page_size
-        views: list[memoryview] = []
-        for first, count in runs:
-            run_bytes = count * page_size
-            if start >= run_bytes:
-                start -= run_bytes
-                continue
-            take = min(length, run_bytes - start)
-            offset = first * page_size + start
-            views.append(data[offset : offset + take])
-            length -= take
-            start = 0
-            if not length:
-                break
-        return views
-
     def _scatter(self, eid: int, pieces: tuple[bytes | memoryview, ...]) -> None:
         """Copy ``pieces`` back to back into the entry's pages."""
         q, base = self._eq, eid * ENTRY_WORDS
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        if len(runs) == 1:  # adjacent pages (always, for values of one page): plain slices
-            offset = runs[0][0] * self._page_size
-            for piece in pieces:
-                end = offset + len(piece)
-                self._data[offset:end] = piece
-                offset = end
-            return
-        _copy_between(self._slices(runs, 0, sum(len(p) for p in pieces)), pieces)
+        transfer.scatter(self._data, self._page_size, runs, pieces)
+
+    def _slices(self, runs: list[Run], start: int, length: int) -> list[memoryview]:
+        return transfer.slices(self._data, self._page_size, runs, start, length)
 
     def _reserve(
         self,
@@ -631,96 +559,6 @@ class Pool:
         self._allocator.free(q[base + E.first_page], q[base + E.last_page], q[base + E.num_pages])
         self._entries.release(eid)
 
-    def _make_room(self, num_pages: int) -> None:
-        """Evict (expired entries first) until ``num_pages`` pages and a slot are free."""
-        allocator, entries = self._allocator, self._entries
-        if allocator.num_available() >= num_pages and entries.has_free_slot():
-            return
-        self._tidy(force=False)
-        while allocator.num_available() < num_pages or not entries.has_free_slot():
-            victims, exact = self._choose_victims()
-            if not victims.size:
-                if self._reclaim_dead_writers():
-                    continue
-                raise PoolFullError(
-                    f"pool '{self.name}' has no room: its space is held by values other "
-                    "processes are still writing; retry, or create a larger pool"
-                )
-            for eid in victims.tolist():
-                if self._eq[eid * ENTRY_WORDS + E.state] != READY:
-                    continue  # drawn twice, and already evicted
-                self._remove(eid)
-                self._hq[H.evictions] += 1
-                if exact and allocator.num_available() >= num_pages and entries.has_free_slot():
-                    return
-
-    def _choose_victims(self) -> tuple[np.ndarray, bool]:
-        live = self._views.live[: self._hq[H.num_live]]
-        return choose_victims(
-            self._policy,
-            self._views.entries,
-            live,
-            self._score_context(),
-            self.config.eviction_samples,
-            self._rng,
-        )
-
-    def _rank_all(self) -> list[tuple[int, int]]:
-        """Every live entry as (id, generation), best victim first."""
-        ids = self._entries.live_ids()
-        records = self._views.entries[ids]
-        order = rank_victims(self._policy, records, self._score_context())
-        return list(zip(ids[order].tolist(), records["generation"][order].tolist(), strict=True))
-
-    def _score_context(self) -> ScoreContext:
-        return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
-
-    def _tidy(self, *, force: bool) -> tuple[int, int]:
-        """Reclaim what no one can use any more: expired entries and dead writers' pages.
-
-        Both need a scan of the whole entry table (vectorised), so unforced
-        tidies are spaced at least ``num_live / SWEEP_SPACING`` puts apart:
-        with entries expiring continuously, a scan per put would make puts
-        O(entries). Between tidies an expired entry is still never returned,
-        and ranks first whenever an eviction sample meets it.
-
-        Returns:
-            (pages freed by expiry, entries expired).
-        """
-        h = self._hq
-        if not force and h[H.puts] < h[H.next_sweep_puts]:
-            return 0, 0
-        h[H.next_sweep_puts] = h[H.puts] + h[H.num_live] // SWEEP_SPACING
-        self._reclaim_dead_writers()
-        return self._sweep_expired(force=force)
-
-    def _sweep_expired(self, *, force: bool) -> tuple[int, int]:
-        """Remove every expired entry, if forced or if one may have expired."""
-        now = self._clock()
-        if not force and self._hd[H.next_expiry_at] > now:
-            return 0, 0
-        records = self._views.entries[: self._hq[H.next_fresh_entry]]
-        ready = records["state"] == READY
-        expired = np.flatnonzero(ready & (records["expires_at"] <= now))
-        freed = int(records["num_pages"][expired].sum())
-        for eid in expired.tolist():
-            self._remove(eid)
-        self._hq[H.expirations] += expired.size
-        remaining = records["expires_at"][records["state"] == READY]
-        self._hd[H.next_expiry_at] = float(remaining.min()) if remaining.size else math.inf
-        return freed, expired.size
-
-    def _reclaim_dead_writers(self) -> int:
-        """Free WRITING entries whose writer died mid-copy; return how many."""
-        records = self._views.entries[: self._hq[H.next_fresh_entry]]
-        reclaimed = 0
-        for eid in np.flatnonzero(records["state"] == WRITING).tolist():
-            base = eid * ENTRY_WORDS
-            if not is_alive(self._eq[base + E.owner_pid], self._eq[base + E.owner_start]):
-                self._free_entry(eid)
-                reclaimed += 1
-        return reclaimed
-
     # ------------------------------------ hooks for kvcache.snapshot (take the lock)
 
     def _snapshot_table(self) -> tuple[int, np.ndarray, np.ndarray]:
@@ -789,38 +627,6 @@ class Pool:
     def _repair_after_crash(self) -> None:
         recovery.rebuild(self._recovery_parts())
         self._hq[H.repairs] += 1
-
-
-def _materialise(header: bytes, payload: list[memoryview]) -> Value:
-    """Copy payload views out as ``bytes``, or as the array ``header`` describes."""
-    if not header:
-        return b"".join(payload)
-    array = codec.new_array(header, sum(len(v) for v in payload))
-    _copy_into(codec.byte_view(array), payload)
-    return array
-
-
-def _copy_into(target: memoryview, sources: list[memoryview]) -> None:
-    offset = 0
-    for source in sources:
-        end = offset + len(source)
-        target[offset:end] = source
-        offset = end
-
-
-def _copy_between(targets: list[memoryview], sources: tuple[bytes | memoryview, ...]) -> None:
-    """Copy a sequence of byte strings into a sequence of windows of equal total length."""
-    windows = iter(targets)
-    window, filled = next(windows), 0
-    for source in sources:
-        done, size = 0, len(source)
-        while done < size:
-            if filled == len(window):
-                window, filled = next(windows), 0
-            take = min(size - done, len(window) - filled)
-            window[filled : filled + take] = source[done : done + take]
-            filled += take
-            done += take
 
 
 def _reopen_locks_after_fork() -> None:

@@ -1,0 +1,195 @@
+"""Eviction: making room for puts, explicit evictions, expiry sweeps, dead writers.
+
+A mixin of ``Pool`` (it works on the pool's own parts), kept apart so that
+the pool module reads as the put/get paths. The policy chooses, this module
+frees:
+
+- ``_make_room`` runs on put when pages or an entry slot are short: first a
+  spaced ``_tidy`` (expired entries, pages of writers that died), then victims
+  from ``policies.choose_victims`` until the put fits.
+- ``evict`` ranks every entry exactly and removes them in batches, releasing
+  the lock between batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from .allocator import PageAllocator
+from .config import PoolConfig
+from .entries import EntryTable
+from .errors import InvalidArgument, PoolFullError
+from .layout import ENTRY_WORDS, READY, WRITING, E, H, Views
+from .lock import PoolLock
+from .policies import Policy, ScoreContext, choose_victims, rank_victims
+from .procs import is_alive
+from .reports import EvictionResult
+from .units import parse_size
+
+EVICT_BATCH = 1024
+"""Explicit evictions release the lock after this many removals, so other
+processes are never stalled for the whole of a large eviction."""
+SWEEP_SPACING = 64
+"""Unforced tidies are at least num_live / 64 puts apart (see _tidy)."""
+
+
+class EvictionMixin:
+    """``Pool.evict`` and the room-making behind ``Pool.put``."""
+
+    name: str
+    config: PoolConfig
+    _hq: memoryview
+    _hd: memoryview[float]
+    _eq: memoryview
+    _views: Views
+    _allocator: PageAllocator
+    _entries: EntryTable
+    _policy: Policy
+    _lock: PoolLock
+    _page_size: int
+    _rng: np.random.Generator
+    _clock: Callable[[], float]
+
+    def _remove(self, eid: int) -> None:
+        raise NotImplementedError  # Pool's
+
+    def _free_entry(self, eid: int) -> None:
+        raise NotImplementedError  # Pool's
+
+    def evict(
+        self, *, percent: float | None = None, bytes: str | int | None = None, expired: bool = False
+    ) -> EvictionResult:
+        """Evict by the pool's policy, expired entries first.
+
+        Give exactly one of: ``percent`` of the used bytes to free (0-100],
+        ``bytes`` to free (``"100M"``), or ``expired=True`` to drop only expired
+        entries. Unlike the sampling done on put, this ranks every entry.
+
+        Raises:
+            InvalidArgument: none or several targets, or a bad percent or size.
+        """
+        if (percent is not None) + (bytes is not None) + bool(expired) != 1:
+            raise InvalidArgument("evict needs exactly one of percent=, bytes= or expired=True")
+        if percent is not None and (
+            isinstance(percent, bool)
+            or not isinstance(percent, (int, float))
+            or not 0 < percent <= 100
+        ):
+            raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
+        target_bytes = 0 if bytes is None else parse_size(bytes, what="bytes to evict")
+        with self._lock:
+            freed, num_expired = self._tidy(force=True)
+            if percent is not None:
+                target_bytes = math.ceil(self._hq[H.used_pages] * self._page_size * percent / 100)
+            if freed * self._page_size >= target_bytes:
+                return EvictionResult(0, num_expired, freed * self._page_size)
+            ranked = self._rank_all()
+        num_entries = 0
+        for start in range(0, len(ranked), EVICT_BATCH):
+            with self._lock:
+                for eid, generation in ranked[start : start + EVICT_BATCH]:
+                    if freed * self._page_size >= target_bytes:
+                        break
+                    base = eid * ENTRY_WORDS
+                    if (
+                        self._eq[base + E.generation] == generation
+                        and self._eq[base + E.state] == READY
+                    ):
+                        freed += self._eq[base + E.num_pages]
+                        self._remove(eid)
+                        self._hq[H.evictions] += 1
+                        num_entries += 1
+        return EvictionResult(num_entries, num_expired, freed * self._page_size)
+
+    def _make_room(self, num_pages: int) -> None:
+        """Evict (expired entries first) until ``num_pages`` pages and a slot are free."""
+        allocator, entries = self._allocator, self._entries
+        if allocator.num_available() >= num_pages and entries.has_free_slot():
+            return
+        self._tidy(force=False)
+        while allocator.num_available() < num_pages or not entries.has_free_slot():
+            victims, exact = self._choose_victims()
+            if not victims.size:
+                if self._reclaim_dead_writers():
+                    continue
+                raise PoolFullError(
+                    f"pool '{self.name}' has no room: its space is held by values other "
+                    "processes are still writing; retry, or create a larger pool"
+                )
+            for eid in victims.tolist():
+                if self._eq[eid * ENTRY_WORDS + E.state] != READY:
+                    continue  # drawn twice, and already evicted
+                self._remove(eid)
+                self._hq[H.evictions] += 1
+                if exact and allocator.num_available() >= num_pages and entries.has_free_slot():
+                    return
+
+    def _choose_victims(self) -> tuple[np.ndarray, bool]:
+        live = self._views.live[: self._hq[H.num_live]]
+        return choose_victims(
+            self._policy,
+            self._views.entries,
+            live,
+            self._score_context(),
+            self.config.eviction_samples,
+            self._rng,
+        )
+
+    def _rank_all(self) -> list[tuple[int, int]]:
+        """Every live entry as (id, generation), best victim first."""
+        ids = self._entries.live_ids()
+        records = self._views.entries[ids]
+        order = rank_victims(self._policy, records, self._score_context())
+        return list(zip(ids[order].tolist(), records["generation"][order].tolist(), strict=True))
+
+    def _score_context(self) -> ScoreContext:
+        return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
+
+    def _tidy(self, *, force: bool) -> tuple[int, int]:
+        """Reclaim what no one can use any more: expired entries and dead writers' pages.
+
+        Both need a scan of the whole entry table (vectorised), so unforced
+        tidies are spaced at least ``num_live / SWEEP_SPACING`` puts apart:
+        with entries expiring continuously, a scan per put would make puts
+        O(entries). Between tidies an expired entry is still never returned,
+        and ranks first whenever an eviction sample meets it.
+
+        Returns:
+            (pages freed by expiry, entries expired).
+        """
+        h = self._hq
+        if not force and h[H.puts] < h[H.next_sweep_puts]:
+            return 0, 0
+        h[H.next_sweep_puts] = h[H.puts] + h[H.num_live] // SWEEP_SPACING
+        self._reclaim_dead_writers()
+        return self._sweep_expired(force=force)
+
+    def _sweep_expired(self, *, force: bool) -> tuple[int, int]:
+        """Remove every expired entry, if forced or if one may have expired."""
+        now = self._clock()
+        if not force and self._hd[H.next_expiry_at] > now:
+            return 0, 0
+        records = self._views.entries[: self._hq[H.next_fresh_entry]]
+        ready = records["state"] == READY
+        expired = np.flatnonzero(ready & (records["expires_at"] <= now))
+        freed = int(records["num_pages"][expired].sum())
+        for eid in expired.tolist():
+            self._remove(eid)
+        self._hq[H.expirations] += expired.size
+        remaining = records["expires_at"][records["state"] == READY]
+        self._hd[H.next_expiry_at] = float(remaining.min()) if remaining.size else math.inf
+        return freed, expired.size
+
+    def _reclaim_dead_writers(self) -> int:
+        """Free WRITING entries whose writer died mid-copy; return how many."""
+        records = self._views.entries[: self._hq[H.next_fresh_entry]]
+        reclaimed = 0
+        for eid in np.flatnonzero(records["state"] == WRITING).tolist():
+            base = eid * ENTRY_WORDS
+            if not is_alive(self._eq[base + E.owner_pid], self._eq[base + E.owner_start]):
+                self._free_entry(eid)
+                reclaimed += 1
+        return reclaimed

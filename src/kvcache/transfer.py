@@ -1,0 +1,77 @@
+"""Moving bytes between callers' buffers and an entry's pages.
+
+An entry's bytes (``key | value header | payload``) lie over its page chain,
+which ``PageAllocator.runs`` gives as runs of adjacent pages; each run is one
+``memoryview`` slice of the data region, so a value is copied with one
+``memcpy`` per run (one in total when its pages are adjacent, as they are in
+a fresh pool) and never through an intermediate buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import codec
+from .allocator import Run
+
+
+def slices(
+    data: memoryview, page_size: int, runs: list[Run], start: int, length: int
+) -> list[memoryview]:
+    """Views of bytes ``[start, start+length)`` of an entry laid over ``runs``."""
+    views: list[memoryview] = []
+    for first, count in runs:
+        run_bytes = count * page_size
+        if start >= run_bytes:
+            start -= run_bytes
+            continue
+        take = min(length, run_bytes - start)
+        offset = first * page_size + start
+        views.append(data[offset : offset + take])
+        length -= take
+        start = 0
+        if not length:
+            break
+    return views
+
+
+def scatter(
+    data: memoryview, page_size: int, runs: list[Run], pieces: tuple[bytes | memoryview, ...]
+) -> None:
+    """Copy ``pieces`` back to back into the pages of ``runs``."""
+    if len(runs) == 1:  # adjacent pages (always, for values of one page): plain slices
+        offset = runs[0][0] * page_size
+        for piece in pieces:
+            end = offset + len(piece)
+            data[offset:end] = piece
+            offset = end
+        return
+    windows = iter(slices(data, page_size, runs, 0, sum(len(p) for p in pieces)))
+    window, filled = next(windows), 0
+    for piece in pieces:
+        done, size = 0, len(piece)
+        while done < size:
+            if filled == len(window):
+                window, filled = next(windows), 0
+            take = min(size - done, len(window) - filled)
+            window[filled : filled + take] = piece[done : done + take]
+            filled += take
+            done += take
+
+
+def copy_into(target: memoryview, sources: list[memoryview]) -> None:
+    """Copy ``sources`` back to back into the start of ``target``."""
+    offset = 0
+    for source in sources:
+        end = offset + len(source)
+        target[offset:end] = source
+        offset = end
+
+
+def materialise(header: bytes, payload: list[memoryview]) -> bytes | np.ndarray:
+    """Copy payload views out as ``bytes``, or as the array ``header`` describes."""
+    if not header:
+        return b"".join(payload)
+    array = codec.new_array(header, sum(len(v) for v in payload))
+    copy_into(codec.byte_view(array), payload)
+    return array
