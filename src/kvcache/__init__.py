@@ -13,8 +13,11 @@ parts, bottom up (each module opens with its own overview):
 - ``policies``  eviction scoring: lru, lfu, fifo, priority, ttl, size
 - ``codec``     bytes and numpy arrays in and out of pages, never pickled
 - ``recovery``  consistency check and repair from the entry table
+- ``transfer``  bytes between callers' buffers and an entry's pages
+- ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
 - ``snapshot``  persist to a file and restore: format, atomic writes, checks
+- ``cli``       ``cortex cache ...`` over the public API
 
 Typical use::
 
