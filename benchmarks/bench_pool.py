@@ -694,9 +694,8 @@ def measure_put_rate(
                 rates.append(timed_batch())
                 evicted = pool.stats().evictions - before
                 # a full pool evicts about one entry per put (batches run a little ahead)
-                expected_ok = (
-                    capacity <= evicted <= capacity + EVICTION_BATCH if full else evicted == 0
-                )
+                # a batch evicted ahead may land in the previous or the next round
+                expected_ok = abs(evicted - capacity) <= EVICTION_BATCH if full else evicted == 0
                 if not expected_ok:
                     raise RuntimeError(
                         f"{capacity} puts into a {'full' if full else 'empty'} "
