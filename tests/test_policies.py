@@ -185,3 +185,16 @@ def test_policy_is_stored_in_the_pool(make_pool, pool_name):
     make_pool(policy="lfu")
     with kvcache.open(pool_name) as other:
         assert other.config.policy == "lfu"
+
+
+@pytest.mark.parametrize("policy", ["size", "ttl"])
+def test_regression_sampled_ties_are_broken_by_recency(make_pool, policy):
+    """A partial sort once broke ties at the sample's cut arbitrarily: with every
+    entry equal under the policy, sampled eviction must still act like LRU."""
+    pool = make_pool(size=4000 * PAGE, page_size=PAGE, policy=policy, rng=np.random.default_rng(2))
+    for i in range(4000):
+        pool.put(f"k{i}", b"v")
+    for i in range(400):
+        pool.put(f"new{i}", b"v")
+    evicted = [i for i in range(4000) if f"k{i}" not in pool]
+    assert np.percentile(evicted, 95) < 0.3 * 4000

@@ -57,12 +57,14 @@ def rank_victims(
     """Order entries best victim first: expired, then by score, then least recent.
 
     Args:
-        top: only the best ``top`` are wanted: they are picked with a partial
-            sort first (ties at the cut are then broken arbitrarily).
+        top: only the best ``top`` are wanted: a partial sort finds the score
+            at the cut, and only entries at least that good (ties included, so
+            recency still breaks them) are sorted.
     """
-    score = np.asarray(policy.score(columns, ctx), dtype=np.float64)
-    score = np.where(columns["expires_at"] <= ctx.now_s, np.inf, score)
-    if top is not None and top < score.size:
-        best = np.argpartition(-score, top)[:top]
-        return best[np.lexsort((columns["last_access"][best], -score[best]))]
-    return np.lexsort((columns["last_access"], -score))
+    key = -np.asarray(policy.score(columns, ctx), dtype=np.float64)
+    key = np.where(columns["expires_at"] <= ctx.now_s, -np.inf, key)
+    if top is not None and top < key.size:
+        cut = np.partition(key, top - 1)[top - 1]
+        best = np.flatnonzero(key <= cut)
+        return best[np.lexsort((columns["last_access"][best], key[best]))][:top]
+    return np.lexsort((columns["last_access"], key))
