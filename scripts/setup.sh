@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.10) and install kvcache with its test and lint tools.
+# Create .venv (Python >= 3.10) and install kvcache with its test and lint tools, torch
+# and transformers (for kvcache.integrations.transformers, its tests and the demo).
 # Sourced by demo.sh and test.sh; safe to run again (pip skips what is there).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || { echo "kvcache needs Python 3.10 or newer (python3 is $(python3 --version))" >&2; exit 1; }
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# torch first, pinned: the transformers extra asks only for torch>=2.6, and left to choose,
+# pip may fetch the newest release as a multi-GB CUDA build. 2.13.0 is the tested CPU build;
+# KVCACHE_TORCH=... picks another (e.g. 'torch==2.13.0' from a CUDA index you configured).
+.venv/bin/python -c 'import importlib.metadata as m; m.version("torch")' 2>/dev/null \
+  || .venv/bin/python -m pip install --quiet --disable-pip-version-check "${KVCACHE_TORCH:-torch==2.13.0}"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,transformers]'

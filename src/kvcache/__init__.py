@@ -17,6 +17,8 @@ parts, bottom up (each module opens with its own overview):
 - ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
 - ``snapshot``  persist to a file and restore: format, atomic writes, checks
+- ``prefix``    token prefixes: ``PrefixCache`` stores/finds a prompt's KV by chunks
+- ``integrations`` Hugging Face transformers (``kvcache.integrations.transformers``)
 - ``cli``       ``cortex cache ...`` over the public API
 
 Typical use::
@@ -31,6 +33,7 @@ Typical use::
 from .config import PoolConfig
 from .errors import (
     CorruptPoolError,
+    DependencyError,
     IncompatiblePoolError,
     InvalidArgument,
     KVCacheError,
@@ -43,6 +46,7 @@ from .errors import (
     ValueTooLargeError,
 )
 from .pool import Pool, create, destroy, list_pools, open
+from .prefix import KVLayout, PrefixCache
 from .reports import EvictionResult, PoolStats
 from .snapshot import RestoreReport, SnapshotInfo, inspect_snapshot, restore, restore_with_report
 from .units import format_size, parse_duration, parse_size
@@ -51,10 +55,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CorruptPoolError",
+    "DependencyError",
     "EvictionResult",
     "IncompatiblePoolError",
     "InvalidArgument",
     "KVCacheError",
+    "KVLayout",
     "OutOfSharedMemoryError",
     "Pool",
     "PoolClosedError",
@@ -63,6 +69,7 @@ __all__ = [
     "PoolFullError",
     "PoolNotFoundError",
     "PoolStats",
+    "PrefixCache",
     "RestoreReport",
     "SnapshotError",
     "SnapshotInfo",

@@ -50,3 +50,7 @@ class SnapshotError(KVCacheError):
 
 class OutOfSharedMemoryError(KVCacheError, OSError):
     """The shared-memory filesystem (/dev/shm) has no room for the pool's pages."""
+
+
+class DependencyError(KVCacheError, ImportError):
+    """An optional dependency (torch, transformers) is missing or of an unsupported version."""

@@ -1,0 +1,210 @@
+"""Benchmark: time to first token with and without prefix reuse, on a CPU Llama.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_prefix.py            # 8 layers, 512-4096 tokens (~2 min)
+    .venv/bin/python benchmarks/bench_prefix.py --quick    # 4 layers, 512 and 2048 (< 60 s)
+    .venv/bin/python benchmarks/bench_prefix.py --dtype bfloat16 --chunk-tokens 256
+
+It prints a table and always exits 0 (it is not a test). The goals from the
+issue, at 2048 tokens: time to first token (TTFT) with reuse at least 10x
+lower than without, and kvcache's own time under 5% of what remains; each is
+printed as PASS / MISS.
+
+Method
+------
+* Model: ``LlamaForCausalLM`` from a ``LlamaConfig`` with seeded random
+  weights (no download): 8 layers, hidden 1024, 16 attention heads of 64,
+  4 KV heads (GQA), MLP 2816, vocabulary 32000, SDPA attention, float32 by
+  default. ``--quick``: 4 layers, hidden 512, 8 heads, 2 KV heads, MLP 1408.
+* TTFT is one prefill forward (``logits_to_keep=1``) plus the argmax of the
+  last logits: what ``generate`` does before its first token, without its
+  bookkeeping. Without reuse: the whole prompt into an empty ``DynamicCache``.
+  With reuse: ``kvhf.load`` (lookup, copy out of the pool, checksums, building
+  the ``DynamicCache``; this is "kvcache" time), then the forward over the
+  tokens not loaded. The first token must be the same both ways (checked).
+* Two requests per prompt length N, after a first request of N tokens was run
+  and its KV stored (``kvhf.save``, timed as "store"):
+  - *same prompt*: the same N tokens again (a retry, another sample, a second
+    process serving the same prompt): all but the last token are loaded;
+  - *new question*: the first N-64 tokens again, then 64 new ones (a new
+    question about the same document): the full chunks of the shared part
+    are loaded, the rest is computed.
+* kvcache share = kvcache time / TTFT with reuse (the time that remains).
+  Each figure is the median of ``--repeats`` runs after one untimed warm-up;
+  the garbage collector is off while timing. The machine may be shared: look
+  at the medians, and rerun if a row looks off.
+
+The pool is named ``bench-prefix-<pid>`` and destroyed in a ``finally`` block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+try:
+    import torch
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from kvcache.integrations import transformers as kvhf
+except ImportError as exc:
+    sys.exit(
+        f"bench_prefix needs torch and transformers ({exc}): pip install 'kvcache[transformers]'"
+    )
+
+import kvcache
+
+FULL = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+            intermediate_size=2816)  # fmt: skip
+QUICK = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+             intermediate_size=1408)  # fmt: skip
+VOCAB = 32000
+NEW_TOKENS = 64
+GOAL_AT, GOAL_SPEEDUP, GOAL_SHARE = 2048, 10.0, 0.05
+
+
+def build_model(shape: dict[str, int], dtype: str, max_tokens: int) -> Any:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, max_position_embeddings=max_tokens, attn_implementation="sdpa", **shape
+    )
+    return LlamaForCausalLM(config).to(getattr(torch, dtype)).eval()
+
+
+def median_of(repeats: int, run: Callable[[], Any]) -> tuple[float, list[float], Any]:
+    """Median seconds of ``repeats`` timed runs after an untimed one; the last result."""
+    result = run()
+    times = []
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = run()
+            times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return statistics.median(times), times, result
+
+
+def cold_ttft(model: Any, ids: torch.Tensor) -> tuple[int, Any]:
+    cache = DynamicCache()
+    logits = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+    return int(logits[0, -1].argmax()), cache
+
+
+def warm_ttft(model: Any, pc: kvcache.PrefixCache, ids: torch.Tensor) -> tuple[int, float, int]:
+    """First token with reuse; also kvcache's seconds and the tokens loaded."""
+    start = time.perf_counter()
+    cache, n = kvhf.load(pc, ids)
+    loaded = time.perf_counter() - start
+    logits = model(ids[:, n:], cache=cache, use_cache=True, logits_to_keep=1).logits
+    return int(logits[0, -1].argmax()), loaded, n
+
+
+def run(args: argparse.Namespace) -> None:
+    shape = QUICK if args.quick else FULL
+    lengths = (512, 2048) if args.quick else (512, 2048, 4096)
+    model = build_model(shape, args.dtype, max(lengths) + NEW_TOKENS)
+    name = f"bench-prefix-{os.getpid()}"
+    pool = kvcache.create(name, args.pool_size)
+    try:
+        pc = kvhf.prefix_cache(pool, model, model_id="bench-llama", chunk_tokens=args.chunk_tokens)
+        layout = pc.layout
+        print(
+            f"model: Llama {layout.num_layers} layers, hidden {shape['hidden_size']}, "
+            f"{shape['num_attention_heads']} heads / {layout.num_kv_heads} KV heads of "
+            f"{layout.head_dim}, {args.dtype}, {torch.get_num_threads()} threads; "
+            f"chunks of {args.chunk_tokens} tokens; KV {kvcache.format_size(layout.token_bytes)} "
+            f"per token; median of {args.repeats}"
+        )
+        header = (
+            f"{'prompt':>6} {'no reuse':>9} {'store':>8} | {'request':<12} {'loaded':>6} "
+            f"{'TTFT':>8} {'speedup':>7} {'kvcache':>8} {'share':>6}"
+        )
+        print(header)
+        print("-" * len(header))
+        generator = torch.Generator().manual_seed(1)
+        with torch.inference_mode():
+            for length in lengths:
+                measure(model, pc, length, generator, args.repeats)
+        stats = pool.stats()
+        print(
+            f"pool '{name}': {stats.num_entries} chunks, {kvcache.format_size(stats.used_bytes)} "
+            f"used, hits {stats.hits}, misses {stats.misses}"
+        )
+    finally:
+        pool.close()
+        kvcache.destroy(name)
+
+
+def measure(
+    model: Any, pc: kvcache.PrefixCache, length: int, generator: torch.Generator, repeats: int
+) -> None:
+    ids = torch.randint(0, VOCAB, (1, length), generator=generator)
+    cold, _, (token, cache) = median_of(repeats, lambda: cold_ttft(model, ids))
+    start = time.perf_counter()
+    kvhf.save(pc, ids, cache)
+    store = time.perf_counter() - start
+    follow_up = torch.cat(
+        [
+            ids[:, : length - NEW_TOKENS],
+            torch.randint(0, VOCAB, (1, NEW_TOKENS), generator=generator),
+        ],
+        dim=1,
+    )
+    rows = []
+    for label, prompt in (("same prompt", ids), ("new question", follow_up)):
+        expected = token if prompt is ids else cold_ttft(model, prompt)[0]
+        runs: list[float] = []
+
+        def once(prompt: torch.Tensor = prompt, runs: list[float] = runs) -> tuple[int, int]:
+            first, loaded, n = warm_ttft(model, pc, prompt)
+            runs.append(loaded)
+            return first, n
+
+        warm, _, (first, n) = median_of(repeats, once)
+        if first != expected:
+            sys.exit(f"reuse changed the first token at {length} tokens ({label}): a bug")
+        kv_time = statistics.median(runs[1:])
+        rows.append((label, n, warm, cold / warm, kv_time, kv_time / warm))
+    for i, (label, n, warm, speedup, kv_time, share) in enumerate(rows):
+        left = f"{length:>6} {cold * 1e3:>7.0f}ms {store * 1e3:>6.1f}ms" if i == 0 else " " * 26
+        verdict = ""
+        if length == GOAL_AT:
+            ok = speedup >= GOAL_SPEEDUP and share < GOAL_SHARE
+            verdict = "  PASS" if ok else "  MISS"
+        print(
+            f"{left} | {label:<12} {n:>6} {warm * 1e3:>6.1f}ms {speedup:>6.1f}x "
+            f"{kv_time * 1e3:>6.2f}ms {share:>6.1%}{verdict}"
+        )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="small model, 512/2048 tokens (< 60 s)"
+    )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--chunk-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (--quick: 2)")
+    parser.add_argument("--pool-size", default="2G")
+    args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 5
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Hugging Face transformers: reuse cached prompt prefixes in ``*ForCausalLM`` models.
+
+::
+
+    from kvcache.integrations import transformers as kvhf
+    pc = kvhf.prefix_cache(kvcache.open("llama-cache"), model, model_id="llama-3-8b-instruct")
+    out = kvhf.generate(model, pc, input_ids, max_new_tokens=64)  # as model.generate
+    cache, n = kvhf.load(pc, input_ids)                # a DynamicCache of the first n tokens
+    kvhf.save(pc, input_ids, outputs.cache)            # after any forward or generate
+
+Supported: transformers ``>=5.24,<5.25`` with torch (CPU tensors), models
+whose cache layers are all full attention (e.g. Llama, Qwen2, Mistral
+without a sliding window; ``check_model`` tells). 5.24 renamed the cache
+keyword of ``forward`` and ``generate`` from ``past_key_values`` to
+``cache``; releases before it take ``cache=`` as an unknown keyword and
+silently compute without it, and 5.25 needs a ``kernels`` release that could
+not be installed for testing.
+Importing this module on any other release raises ``DependencyError``.
+
+The restored cache never covers the whole prompt: at least its last token is
+recomputed, since its logits give the first new token (a cache covering
+everything leaves generate with nothing to run). A loaded cache's layers are
+views of the array :meth:`PrefixCache.retrieve` filled -- no copy; the
+model's first ``DynamicLayer.update`` concatenates them with the new tokens,
+as it would any cache.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import DependencyError, InvalidArgument
+from ..pool import Pool
+from ..prefix import KVLayout, PrefixCache
+from ..prefix.keys import as_tokens
+
+SUPPORTED = ">=5.24,<5.25"
+_MIN, _BELOW = (5, 24), (5, 25)
+
+try:
+    import torch
+    import transformers
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+except ImportError as exc:
+    raise DependencyError(
+        f"kvcache.integrations.transformers needs torch and transformers{SUPPORTED} ({exc}): "
+        "pip install 'kvcache[transformers]'"
+    ) from exc
+
+
+def _check_version(version: str) -> None:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or not _MIN <= (int(match[1]), int(match[2])) < _BELOW:
+        raise DependencyError(
+            f"kvcache.integrations.transformers supports transformers{SUPPORTED}, not {version}: "
+            f"the cache keyword of forward/generate changed within 5.x, and a release that does "
+            f"not know it would silently ignore the cached prefix. "
+            f"pip install 'transformers{SUPPORTED}'"
+        )
+
+
+_check_version(transformers.__version__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def layout_of(model: Any) -> KVLayout:
+    """The KV layout of a transformers model: layers, KV heads, head size and dtype.
+
+    Raises:
+        InvalidArgument: the model's dtype is not float32, float16 or bfloat16.
+    """
+    config = model.config.get_text_config(decoder=True)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = model.dtype
+    if dtype not in _DTYPE_NAMES:
+        raise InvalidArgument(
+            f"models of dtype {dtype} are not supported: use float32/16 or bfloat16"
+        )
+    return KVLayout(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        dtype=_DTYPE_NAMES[dtype],
+    )
+
+
+def prefix_cache(
+    pool: Pool,
+    model: Any,
+    *,
+    model_id: str | None = None,
+    chunk_tokens: int = 256,
+    salt: str | bytes | None = None,
+) -> PrefixCache:
+    """A :class:`PrefixCache` for ``model``: its layout and dtype, named ``model_id``.
+
+    Args:
+        pool: where the chunks live.
+        model: a transformers ``*ForCausalLM`` model.
+        model_id: the name its chunks are kept under; default the name it was
+            loaded from (``model.config.name_or_path``). Give the revision too if
+            the weights under one name change.
+        chunk_tokens, salt: as for :class:`PrefixCache`.
+
+    Raises:
+        InvalidArgument: no model_id and the model has no name (built from a config),
+            or a model whose cache this integration cannot restore.
+    """
+    check_model(model)
+    name = model_id or model.config.name_or_path
+    if not name:
+        raise InvalidArgument("this model has no name (it was built from a config): pass model_id=")
+    return PrefixCache(pool, name, layout_of(model), chunk_tokens=chunk_tokens, salt=salt)
+
+
+def check_model(model: Any) -> None:
+    """Refuse models whose cache layers are not all plain full-attention ``DynamicLayer``s.
+
+    A sliding-window layer keeps only its last window of tokens, and a linear
+    attention layer a state, so neither holds a prefix's KV token by token.
+
+    Raises:
+        InvalidArgument: such a model.
+    """
+    probe = DynamicCache(config=model.config)
+    kinds = {type(layer).__name__ for layer in probe.layers if type(layer) is not DynamicLayer}
+    if kinds:
+        raise InvalidArgument(
+            f"{type(model).__name__} has cache layers of kind {', '.join(sorted(kinds))}: "
+            "kvcache reuses only full-attention KV (DynamicLayer)"
+        )
+
+
+def load(pc: PrefixCache, input_ids: Any) -> tuple[DynamicCache, int]:
+    """A ``DynamicCache`` holding the cached KV of the longest prefix of ``input_ids``.
+
+    Args:
+        pc: the model's prefix cache.
+        input_ids: one prompt, shape (n,) or (1, n).
+
+    Returns:
+        ``(cache, n)``: cache covers ``input_ids[..., :n]``, and
+        ``n <= len(input_ids) - 1`` always, so that the last prompt token is
+        computed (its logits give the first new token). Run the model on
+        ``input_ids[..., n:]`` with ``cache=cache``; on a miss n is 0 and the
+        cache is empty.
+    """
+    tokens = as_tokens(input_ids)
+    cache = DynamicCache()
+    if len(tokens) < 2:
+        return cache, 0
+    kv, hit = pc.retrieve(tokens)
+    num_tokens = min(hit, len(tokens) - 1)
+    if not num_tokens:
+        return cache, 0
+    stacked = _as_torch(kv[:, :, :, :num_tokens], pc.layout.dtype)
+    for layer_kv in stacked:
+        keys, values = layer_kv[0].unsqueeze(0), layer_kv[1].unsqueeze(0)
+        layer = DynamicLayer()
+        # What DynamicLayer.update does to an empty layer, minus its copy: update
+        # would torch.cat the loaded KV onto an empty tensor, copying it whole.
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache, num_tokens
+
+
+def save(
+    pc: PrefixCache,
+    input_ids: Any,
+    cache: Any,
+    *,
+    priority: int = 0,
+    ttl: float | str | None = None,
+) -> int:
+    """Store the full chunks of ``input_ids`` that ``cache`` covers and the pool lacks.
+
+    Args:
+        pc: the model's prefix cache.
+        input_ids: the tokens the cache was computed for, (n,) or (1, n); may
+            run past the cache (after ``generate``, the last token has no KV yet).
+        cache: a ``DynamicCache`` (``outputs.cache``) for a batch of one, or a
+            sequence of one (keys, values) pair per layer.
+        priority, ttl: for the pool entries, as in :meth:`Pool.put`.
+
+    Returns:
+        How many tokens' KV were written.
+
+    Raises:
+        InvalidArgument: a batch of several sequences, or a cache of another layout.
+    """
+    tokens = as_tokens(input_ids)
+    layers = getattr(cache, "layers", None)
+    pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else cache
+    if not pairs or any(keys is None for keys, _ in pairs):
+        return 0  # nothing computed yet
+    keys = pairs[0][0]
+    if keys.ndim == 4 and keys.shape[0] != 1:
+        raise InvalidArgument(
+            f"the cache holds a batch of {keys.shape[0]} sequences: save one sequence at a time"
+        )
+    num_tokens = min(len(tokens), keys.shape[-2])
+    return pc.store(tokens[:num_tokens], pairs, priority=priority, ttl=ttl)
+
+
+def generate(model: Any, pc: PrefixCache, input_ids: Any, **kwargs: Any) -> Any:
+    """``model.generate(input_ids, **kwargs)``, computing only what the pool does not hold.
+
+    Loads the longest cached prefix of the prompt, generates from it, then
+    stores the new full chunks of prompt and output, so a later turn that
+    repeats this conversation reuses it all.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` model of ``pc``'s layout.
+        pc: its prefix cache.
+        input_ids: one prompt, a (1, n) tensor.
+        kwargs: for ``model.generate`` (``max_new_tokens``, sampling, ...).
+
+    Returns:
+        What ``model.generate`` returns.
+
+    Raises:
+        InvalidArgument: a batch, a cache passed in kwargs, ``use_cache=False``,
+            or a model whose layout differs from the cache's.
+    """
+    if "cache" in kwargs or "past_key_values" in kwargs or kwargs.get("use_cache") is False:
+        raise InvalidArgument("kvhf.generate makes the cache itself: drop cache/use_cache")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise InvalidArgument("input_ids must be a (1, n) tensor: generate one prompt at a time")
+    layout = layout_of(model)
+    if layout != pc.layout:
+        raise InvalidArgument(f"the model's KV layout is {layout}, the prefix cache's {pc.layout}")
+    check_model(model)
+    cache, _ = load(pc, input_ids)
+    kwargs.setdefault("attention_mask", torch.ones_like(input_ids))
+    output = model.generate(input_ids, cache=cache, **kwargs)
+    sequences = output if isinstance(output, torch.Tensor) else output.sequences
+    save(pc, sequences[0], cache)
+    return output
+
+
+def _as_torch(array: Any, dtype: str) -> torch.Tensor:
+    """A numpy array as a torch tensor of ``dtype`` sharing its memory (bfloat16 from bits)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+__all__ = ["SUPPORTED", "check_model", "generate", "layout_of", "load", "prefix_cache", "save"]

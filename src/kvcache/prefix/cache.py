@@ -1,0 +1,212 @@
+"""PrefixCache: store, find and fetch the KV of token prefixes in a pool.
+
+Each full chunk of a prompt is one pool entry (see ``keys`` for its key and
+``tensors`` for its bytes), so any process attached to the pool reuses what
+any other stored. Reads trust nothing: a chunk that is missing, evicted
+under our feet, or damaged ends the prefix there, so a hit can be shorter
+than ``lookup`` promised but never holds wrong data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..codec import byte_view
+from ..errors import InvalidArgument
+from ..pool import Pool
+from .arrays import like
+from .buffers import spares
+from .fetch import fetch_chunks
+from .keys import Namespace, as_tokens, chunk_keys
+from .kvlayout import KVLayout
+from .tensors import TRAILER_BYTES, KVSource, chunk_view, layout_array, seal, trailer_head
+
+
+class PrefixCache:
+    """The KV of token prefixes of one model, kept in a pool by chunks of ``chunk_tokens``.
+
+    Args:
+        pool: the pool to keep chunks in (``kvcache.open(name)``).
+        model: the model's id; chunks are never shared between ids.
+        layout: the model's KV layout and element type.
+        chunk_tokens: tokens per chunk. Only full chunks are cached, so
+            smaller chunks reuse more of a prompt, at one pool entry each.
+        salt: a tenant id or other separator; caches with different salts
+            never see each other's chunks.
+
+    Example::
+
+        layout = KVLayout(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+        pc = PrefixCache(kvcache.open("llama-cache"), "llama-3-8b-instruct", layout)
+        pc.store(token_ids, kv)          # (layers, 2, kv_heads, tokens, head_dim)
+        kv, n = pc.retrieve(token_ids)   # the first n tokens' KV, same shape
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        model: str,
+        layout: KVLayout,
+        *,
+        chunk_tokens: int = 256,
+        salt: str | bytes | None = None,
+    ) -> None:
+        if not isinstance(pool, Pool):
+            raise InvalidArgument(f"pool must be a kvcache.Pool, not {type(pool).__name__}")
+        self.pool = pool
+        self.namespace = Namespace(model, layout, chunk_tokens, salt)
+        self.layout = layout
+        self.chunk_tokens = chunk_tokens
+        self._chunk_bytes = chunk_tokens * layout.token_bytes
+
+    def chunk_keys(self, token_ids: object) -> list[str]:
+        """The pool keys of the full chunks of ``token_ids``, first to last."""
+        return chunk_keys(self.namespace, as_tokens(token_ids))
+
+    def lookup(self, token_ids: object) -> int:
+        """How many leading tokens of ``token_ids`` have cached KV (a multiple of chunk_tokens).
+
+        A presence check only (no copy, no effect on recency or hit counts): a
+        chunk evicted or found damaged before ``retrieve`` shortens that hit.
+        """
+        return self._count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
+
+    def new_buffer(self, num_tokens: int) -> np.ndarray:
+        """An uninitialised ``out=`` buffer for :meth:`retrieve` of up to ``num_tokens`` tokens.
+
+        Its shape is (layers, 2, kv_heads, num_tokens, head_dim); in memory the
+        tokens are outermost, so each chunk is filled with a single copy.
+        """
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise InvalidArgument(f"num_tokens must be a whole number >= 0, not {num_tokens!r}")
+        flat = spares.take(num_tokens * self.layout.token_bytes)
+        return chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
+
+    def retrieve(
+        self, token_ids: object, *, out: Any = None, max_tokens: int | None = None
+    ) -> tuple[Any, int]:
+        """The KV of the longest cached prefix of ``token_ids``, and its length in tokens.
+
+        Args:
+            token_ids: the prompt (a list, numpy array or torch tensor of ids).
+            out: fill this instead of a new array: one from :meth:`new_buffer`,
+                or any numpy array or CPU torch tensor of the cache's dtype with
+                the same memory order -- C-contiguous (tokens, layers, 2,
+                kv_heads, head_dim), or that transposed to (layers, 2, kv_heads,
+                tokens, head_dim). Its tokens past the hit are overwritten with
+                undefined bytes.
+            max_tokens: fetch at most this many tokens.
+
+        Returns:
+            ``(kv, n)``: kv is (layers, 2, kv_heads, n, head_dim), n a multiple
+            of chunk_tokens (0 on a miss). It is a numpy array (bfloat16 as
+            uint16 bit patterns), or a view of ``out`` if that is a torch tensor.
+
+        Raises:
+            InvalidArgument: ``out`` has the wrong dtype, shape or memory order.
+        """
+        tokens = as_tokens(token_ids)
+        limit = len(tokens) if max_tokens is None else _whole(max_tokens, "max_tokens")
+        if out is None:
+            keys = chunk_keys(self.namespace, tokens, limit // self.chunk_tokens)
+            flat = spares.take(len(keys) * self._chunk_bytes + TRAILER_BYTES)
+        else:
+            flat, capacity = self._flat_bytes(out)
+            keys = chunk_keys(self.namespace, tokens, min(limit, capacity) // self.chunk_tokens)
+        heads = [self._head(index) for index in range(len(keys))]
+        num_chunks = fetch_chunks(self.pool, keys, heads, self._chunk_bytes, flat)
+        num_tokens = num_chunks * self.chunk_tokens
+        kv = chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
+        return like(out, kv, self.layout.dtype), num_tokens
+
+    def store(
+        self,
+        token_ids: object,
+        kv: Any,
+        *,
+        priority: int = 0,
+        ttl: float | str | None = None,
+    ) -> int:
+        """Cache the KV of every full chunk of ``token_ids`` that the pool lacks.
+
+        Args:
+            token_ids: the tokens ``kv`` was computed for.
+            kv: their KV, numpy or CPU torch, of the cache's dtype: one array
+                (layers, 2, kv_heads, tokens, head_dim), or a sequence of one
+                (keys, values) pair per layer, each (kv_heads, tokens, head_dim)
+                or (1, kv_heads, tokens, head_dim). It may cover more tokens
+                than ``token_ids``; the extra ones are ignored.
+            priority, ttl: passed to :meth:`Pool.put` for every chunk.
+
+        Returns:
+            How many tokens' KV were written (chunks already cached are skipped).
+
+        Raises:
+            InvalidArgument: kv does not match the layout or covers too few tokens.
+            ValueTooLargeError: a chunk is larger than the pool: use smaller chunks.
+        """
+        tokens = as_tokens(token_ids)
+        source = KVSource(kv, self.layout)
+        if source.num_tokens < len(tokens):
+            raise InvalidArgument(
+                f"kv covers {source.num_tokens} tokens but token_ids has {len(tokens)}: "
+                "pass the tokens the KV was computed for"
+            )
+        size = self.chunk_tokens
+        buffer = np.empty(self._chunk_bytes + TRAILER_BYTES, np.uint8)  # reused: put copies it
+        chunk = chunk_view(buffer, self.layout, size)
+        written = 0
+        for index, key in enumerate(chunk_keys(self.namespace, tokens)):
+            if key in self.pool:
+                continue
+            source.copy_tokens(index * size, (index + 1) * size, chunk)
+            seal(buffer, self._head(index))
+            # a memoryview, not the array, so that the pool stores plain bytes (no array header)
+            self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl)  # type: ignore[arg-type]
+            written += 1
+        return written * size
+
+    def __repr__(self) -> str:
+        ns = self.namespace
+        return (
+            f"<kvcache.PrefixCache {ns.model!r} on pool {self.pool.name!r}, "
+            f"{self.chunk_tokens}-token chunks, {self.layout}>"
+        )
+
+    def _head(self, index: int) -> bytes:
+        return trailer_head(self.layout, self.chunk_tokens, index, self.namespace.digest)
+
+    def _count_present(self, keys: list[str]) -> int:
+        """How many of ``keys``, from the first, are in the pool."""
+        for index, key in enumerate(keys):
+            if key not in self.pool:
+                return index
+        return len(keys)
+
+    def _flat_bytes(self, out: Any) -> tuple[np.ndarray, int]:
+        """``out``'s memory as uint8, and how many tokens it holds; see :meth:`retrieve`."""
+        array = layout_array(out, self.layout, "out")
+        token_shape = self.layout.token_shape
+
+        def token_major(a: np.ndarray) -> bool:
+            return a.ndim == 5 and a.shape[1:] == token_shape and a.flags.c_contiguous
+
+        if not token_major(array) and array.ndim == 5:
+            array = array.transpose(3, 0, 1, 2, 4)  # given as (layers, 2, heads, tokens, dim)
+        if not token_major(array):
+            raise InvalidArgument(
+                "out must be a buffer from PrefixCache.new_buffer(), or a C-contiguous array of "
+                f"shape (tokens, {', '.join(map(str, token_shape))}) or that transposed to "
+                f"(layers, 2, kv_heads, tokens, head_dim); got shape {tuple(out.shape)}"
+            )
+        if not array.flags.writeable:
+            raise InvalidArgument("out must be writable")
+        return array.reshape(-1).view(np.uint8), array.shape[0]
+
+
+def _whole(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{what} must be a whole number >= 0, not {value!r}")
+    return value
