@@ -843,14 +843,16 @@ def replay_pool(job: ReplayJob) -> ReplayResult:
             hits += reused
             hit_tokens += reused_tokens(request, reused)
         evictions = pool.stats().evictions
+    return _replay_result(job, requests, hits, hit_tokens, evictions, start)
+
+
+def _replay_result(
+    job: ReplayJob, requests: list, hits: int, hit_tokens: int, evictions: int, start: float
+) -> ReplayResult:
+    blocks = sum(len(r.blocks) for r in requests)
+    tokens = sum(r.input_length for r in requests)
     return ReplayResult(
-        job,
-        hits,
-        sum(len(r.blocks) for r in requests),
-        hit_tokens,
-        sum(r.input_length for r in requests),
-        evictions,
-        time.perf_counter() - start,
+        job, hits, blocks, hit_tokens, tokens, evictions, time.perf_counter() - start
     )
 
 
@@ -877,15 +879,7 @@ def replay_reference(job: ReplayJob) -> ReplayResult:
             cache_.move_to_end(key)
         hits += reused
         hit_tokens += reused_tokens(request, reused)
-    return ReplayResult(
-        job,
-        hits,
-        sum(len(r.blocks) for r in requests),
-        hit_tokens,
-        sum(r.input_length for r in requests),
-        evictions,
-        time.perf_counter() - start,
-    )
+    return _replay_result(job, requests, hits, hit_tokens, evictions, start)
 
 
 def run_replay(job: ReplayJob) -> ReplayResult:

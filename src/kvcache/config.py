@@ -11,6 +11,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import InvalidArgument
 from .units import parse_duration, parse_size
 
@@ -122,6 +124,26 @@ class PoolConfig:
             eviction_samples=eviction_samples,
             lfu_half_life=lfu_half_life or 0,
             max_processes=max_processes,
+        )
+
+    @classmethod
+    def from_stored(cls, record: np.ndarray | np.void, size_bytes: int) -> PoolConfig:
+        """Rebuild from a stored header (a pool segment's or a snapshot's) with these field names.
+
+        Raises:
+            InvalidArgument: a stored value is out of range.
+            UnicodeDecodeError: the stored policy name is not text.
+        """
+        ttl = float(record["default_ttl_s"])
+        return cls(
+            size_bytes=size_bytes,
+            page_size_bytes=int(record["page_size_bytes"]),
+            policy=np.asarray(record["policy"]).item().decode("ascii"),
+            max_entries=int(record["max_entries"]),
+            default_ttl_s=ttl if ttl > 0 else None,
+            eviction_samples=int(record["eviction_samples"]),
+            lfu_half_life=int(record["lfu_half_life"]),
+            max_processes=int(record["max_processes"]),
         )
 
     def to_dict(self) -> dict[str, object]:

@@ -289,17 +289,8 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
             "open it with the kvcache that made it, or persist it there and restore here"
         )
     try:
-        ttl = float(header["default_ttl_s"])
-        config = PoolConfig(
-            size_bytes=int(header["num_pages"]) * int(header["page_size_bytes"]),
-            page_size_bytes=int(header["page_size_bytes"]),
-            policy=header["policy"].item().decode("ascii"),
-            max_entries=int(header["max_entries"]),
-            default_ttl_s=ttl if ttl > 0 else None,
-            eviction_samples=int(header["eviction_samples"]),
-            lfu_half_life=int(header["lfu_half_life"]),
-            max_processes=int(header["max_processes"]),
-        )
+        size_bytes = int(header["num_pages"]) * int(header["page_size_bytes"])
+        config = PoolConfig.from_stored(header, size_bytes)
     except (ValueError, UnicodeDecodeError) as exc:
         raise IncompatiblePoolError(
             f"{where} has a damaged header ({exc}): destroy and recreate it"

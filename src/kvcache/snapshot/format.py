@@ -157,17 +157,7 @@ def decode_header(raw: bytes, file_bytes: int, where: str) -> tuple[np.ndarray, 
             f"{where} is truncated or damaged (its sizes do not add up): take a new snapshot"
         )
     try:
-        ttl = float(header["default_ttl_s"])
-        config = PoolConfig(
-            size_bytes=int(header["size_bytes"]),
-            page_size_bytes=int(header["page_size_bytes"]),
-            policy=header["policy"].decode("ascii"),
-            max_entries=int(header["max_entries"]),
-            default_ttl_s=ttl if ttl > 0 else None,
-            eviction_samples=int(header["eviction_samples"]),
-            lfu_half_life=int(header["lfu_half_life"]),
-            max_processes=int(header["max_processes"]),
-        )
+        config = PoolConfig.from_stored(header, int(header["size_bytes"]))
     except (InvalidArgument, UnicodeDecodeError) as exc:
         raise SnapshotError(
             f"{where} has a damaged pool configuration ({exc}): take a new snapshot"
@@ -198,18 +188,21 @@ def check_records(
     total = records["key_len"] + records["header_len"] + records["value_len"]
     ends = records["offset"] + total
     order = np.argsort(records["offset"], kind="stable")
-    if records.size and (
-        (records["key_len"] < 1).any()
-        or (records["key_len"] > MAX_KEY_BYTES).any()
-        or (records["header_len"] < 0).any()
-        or (records["header_len"] > MAX_VALUE_HEADER_BYTES).any()
-        or (records["value_len"] < 0).any()
-        or (records["offset"] < 0).any()
-        or (records["offset"] > data_bytes).any()  # bounded first, so ends cannot wrap
-        or (records["value_len"] > data_bytes).any()
-        or (ends > data_bytes).any()
-        or (records["flags"] & ~KNOWN_FLAGS).any()
-        or (ends[order][:-1] > records["offset"][order][1:]).any()
+    if (
+        records.size
+        and (
+            (records["key_len"] < 1).any()
+            or (records["key_len"] > MAX_KEY_BYTES).any()
+            or (records["header_len"] < 0).any()
+            or (records["header_len"] > MAX_VALUE_HEADER_BYTES).any()
+            or (records["value_len"] < 0).any()
+            or (records["offset"] < 0).any()
+            or (records["offset"] > data_bytes).any()  # bounded first, so ends cannot wrap
+            or (records["value_len"] > data_bytes).any()
+            or (ends > data_bytes).any()
+            or (records["flags"] & ~KNOWN_FLAGS).any()
+            or (ends[order][:-1] > records["offset"][order][1:]).any()
+        )
     ):
         raise SnapshotError(f"{where} has entries that point outside its data: take a new snapshot")
     return records
