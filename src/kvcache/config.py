@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidArgument
-from .units import parse_duration, parse_size
+from .units import parse_duration, parse_size, whole_number
 
 DEFAULT_PAGE_SIZE_BYTES = 64 << 10
 """64 KiB: a KV chunk of even a small model is hundreds of KiB, so waste per
@@ -110,11 +110,10 @@ class PoolConfig:
         """Build a config from human inputs (``"16G"``, ``"64K"``, ``"1h"``)."""
         if not isinstance(policy, str):
             raise InvalidArgument(f"policy must be a name such as 'lru', not {policy!r}")
-        for label, number in (("max entries", max_entries), ("lfu half-life", lfu_half_life)):
-            if number is not None and (isinstance(number, bool) or not isinstance(number, int)):
-                raise InvalidArgument(f"{label} must be a whole number, not {number!r}")
-        if max_entries is not None and max_entries < 1:
-            raise InvalidArgument(f"max entries must be positive, got {max_entries}")
+        if max_entries is not None:
+            whole_number(max_entries, "max entries", low=1)
+        if lfu_half_life is not None:
+            whole_number(lfu_half_life, "lfu half-life", low=1)
         return cls(
             size_bytes=parse_size(size, what="pool size"),
             page_size_bytes=parse_size(page_size, what="page size"),

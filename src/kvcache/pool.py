@@ -56,7 +56,7 @@ from .lock import ClosedLock, PoolLock
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .reports import EntryInfo, PoolStats
-from .units import parse_duration
+from .units import parse_duration, whole_number
 
 INLINE_COPY_MAX_BYTES = 64 << 10
 """Copies up to 64 KiB happen under the lock: a 64 KiB memcpy (~5 us) costs
@@ -162,6 +162,7 @@ class Pool(EvictionMixin):
         """
         key_bytes, flags = _key_bytes(key)
         encoded = codec.encode(value)
+        # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
             raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
         ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
@@ -316,10 +317,8 @@ class Pool(EvictionMixin):
         """
         if sort not in ENTRY_SORTS:
             raise InvalidArgument(f"unknown sort {sort!r}: choose one of {', '.join(ENTRY_SORTS)}")
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
-        ):
-            raise InvalidArgument(f"limit must be a whole number >= 0, not {limit!r}")
+        if limit is not None:
+            whole_number(limit, "limit")
         with self._lock:
             ids = self._entries.live_ids()
             records = self._views.entries[ids]

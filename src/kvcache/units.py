@@ -76,6 +76,23 @@ def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
     return seconds
 
 
+def whole_number(value: object, what: str, low: int = 0, high: int | None = None) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) from ``low`` to ``high``.
+
+    Raises:
+        InvalidArgument: naming ``what`` and the accepted range.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        accepted = f">= {low}" if high is None else f"from {low} to {high}"
+        raise InvalidArgument(f"{what} must be a whole number {accepted}, not {value!r}")
+    return value
+
+
 def format_size(num_bytes: int | float) -> str:
     """Render bytes the way people read them: ``16.0G``, ``512M``, ``4.0K``, ``100B``."""
     value = float(num_bytes)

@@ -16,6 +16,7 @@ import numpy as np
 from ..codec import byte_view
 from ..errors import InvalidArgument
 from ..pool import Pool
+from ..units import whole_number
 from .arrays import like
 from .buffers import spares
 from .fetch import fetch_chunks
@@ -79,8 +80,7 @@ class PrefixCache:
         Its shape is (layers, 2, kv_heads, num_tokens, head_dim); in memory the
         tokens are outermost, so each chunk is filled with a single copy.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise InvalidArgument(f"num_tokens must be a whole number >= 0, not {num_tokens!r}")
+        whole_number(num_tokens, "num_tokens")
         flat = spares.take(num_tokens * self.layout.token_bytes)
         return chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
 
@@ -108,7 +108,7 @@ class PrefixCache:
             InvalidArgument: ``out`` has the wrong dtype, shape or memory order.
         """
         tokens = as_tokens(token_ids)
-        limit = len(tokens) if max_tokens is None else _whole(max_tokens, "max_tokens")
+        limit = len(tokens) if max_tokens is None else whole_number(max_tokens, "max_tokens")
         if out is None:
             keys = chunk_keys(self.namespace, tokens, limit // self.chunk_tokens)
             flat = spares.take(len(keys) * self._chunk_bytes + TRAILER_BYTES)
@@ -204,9 +204,3 @@ class PrefixCache:
         if not array.flags.writeable:
             raise InvalidArgument("out must be writable")
         return array.reshape(-1).view(np.uint8), array.shape[0]
-
-
-def _whole(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{what} must be a whole number >= 0, not {value!r}")
-    return value

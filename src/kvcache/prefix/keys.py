@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..units import whole_number
 from .arrays import numpy_view
 from .kvlayout import KVLayout
 
@@ -74,15 +75,7 @@ class Namespace:
             raise InvalidArgument(
                 f"layout must be a kvcache.prefix.KVLayout, not {type(self.layout).__name__}"
             )
-        chunk = self.chunk_tokens
-        if (
-            isinstance(chunk, bool)
-            or not isinstance(chunk, int)
-            or not 0 < chunk <= MAX_CHUNK_TOKENS
-        ):
-            raise InvalidArgument(
-                f"chunk_tokens must be a whole number from 1 to {MAX_CHUNK_TOKENS}, not {chunk!r}"
-            )
+        chunk = whole_number(self.chunk_tokens, "chunk_tokens", low=1, high=MAX_CHUNK_TOKENS)
         if self.salt is not None and not isinstance(self.salt, (str, bytes)):
             raise InvalidArgument(
                 f"salt must be str, bytes or None, not {type(self.salt).__name__}"

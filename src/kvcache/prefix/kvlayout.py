@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..units import whole_number
 
 
 class DType(NamedTuple):
@@ -58,11 +59,7 @@ class KVLayout:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_DIM:
-                raise InvalidArgument(
-                    f"{name} must be a whole number from 1 to {_MAX_DIM}, not {value!r}"
-                )
+            whole_number(getattr(self, name), name, low=1, high=_MAX_DIM)
         if self.dtype not in DTYPES:
             raise InvalidArgument(
                 f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}"
