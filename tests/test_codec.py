@@ -272,3 +272,9 @@ def test_arrays_round_trip_through_a_pool(make_pool: Callable[..., kvcache.Pool]
             assert isinstance(out, np.ndarray)
             assert out.dtype == value.dtype and out.shape == value.shape
             np.testing.assert_array_equal(out, value)
+
+
+def test_regression_comma_dtype_string_raised_syntax_error() -> None:
+    """Hypothesis found it: numpy parses the dtype text "," with ``ast`` and raises SyntaxError."""
+    with pytest.raises(CorruptPoolError):
+        new_array(b"\x00\x01,", 0)

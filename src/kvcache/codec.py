@@ -90,7 +90,8 @@ def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
         ndim, dtype_len = _PREFIX.unpack_from(header)
         dtype = np.dtype(header[2 : 2 + dtype_len].decode("ascii"))
         shape = struct.unpack_from(f"<{ndim}q", header, 2 + dtype_len)
-    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError, SyntaxError) as exc:
+        # SyntaxError: numpy parses dtype strings such as "," with the ast module
         raise CorruptPoolError(f"stored array header is damaged ({exc})") from exc
     if (
         dtype.kind not in _ARRAY_KINDS
