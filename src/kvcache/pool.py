@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import numpy as np
 import xxhash
@@ -74,6 +75,7 @@ _HASH_HALVES = struct.Struct("<qq")
 
 Key = str | bytes
 Value = bytes | np.ndarray
+Copied = TypeVar("Copied")
 History = tuple[int, int, float]
 """An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
 
@@ -174,35 +176,22 @@ class Pool(EvictionMixin):
                 f"key and value need {total} bytes but pool '{self.name}' holds "
                 f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
             )
-        fields = (
-            flags | (VALUE_IS_ARRAY if encoded.is_array else 0),
+        pieces = (key_bytes, encoded.header, encoded.payload)
+
+        def fill(targets: list[memoryview]) -> bool:
+            transfer.scatter(targets, pieces)
+            return True
+
+        self._store(
             key_bytes,
+            flags | (VALUE_IS_ARRAY if encoded.is_array else 0),
             len(encoded.header),
             encoded.payload.nbytes,
-            num_pages,
+            priority,
+            expires_at,
+            fill,
+            under_lock=total <= INLINE_COPY_MAX_BYTES,
         )
-        pieces = (key_bytes, encoded.header, encoded.payload)
-        with self._lock:
-            eid = self._reserve(*fields, priority, expires_at)
-            if total <= INLINE_COPY_MAX_BYTES:
-                self._scatter(eid, pieces)
-                self._publish(eid)
-                return
-            generation = self._eq[eid * ENTRY_WORDS + E.generation]
-        try:
-            self._scatter(eid, pieces)
-        except BaseException:
-            with self._lock:
-                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
-                    self._free_entry(eid)
-            raise
-        with self._lock:
-            if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
-                raise CorruptPoolError(
-                    f"an entry of pool '{self.name}' was reclaimed while this live process "
-                    "wrote it: run cortex cache health --repair"
-                )
-            self._publish(eid)
 
     def __setitem__(self, key: Key, value: Value) -> None:
         self.put(key, value)
@@ -225,20 +214,7 @@ class Pool(EvictionMixin):
 
     def get(self, key: Key) -> Value | None:
         """A copy of the value under ``key`` (``bytes`` or numpy array), or None on a miss."""
-        key_bytes, _ = _key_bytes(key)
-        for attempt in range(READ_ATTEMPTS):
-            with self._lock:
-                eid = self._lookup(key_bytes, count=attempt == 0)
-                if eid < 0:
-                    return None
-                header, payload, generation = self._value_views(eid)
-                if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
-                    return transfer.materialise(header, payload)
-            value = transfer.materialise(header, payload)
-            with self._lock:
-                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
-                    return value
-        return None
+        return self._read(key, transfer.materialise)
 
     def get_into(self, key: Key, buffer: object) -> int | None:
         """Copy the value's bytes into ``buffer`` (any writable buffer); None on a miss.
@@ -249,7 +225,6 @@ class Pool(EvictionMixin):
         Raises:
             InvalidArgument: ``buffer`` is not writable, not contiguous or too small.
         """
-        key_bytes, _ = _key_bytes(key)
         try:
             target = memoryview(buffer).cast("B")  # type: ignore[arg-type]
         except (TypeError, ValueError):
@@ -258,25 +233,17 @@ class Pool(EvictionMixin):
             ) from None
         if target.readonly:
             raise InvalidArgument("get_into needs a writable buffer, not a read-only one")
-        for attempt in range(READ_ATTEMPTS):
-            with self._lock:
-                eid = self._lookup(key_bytes, count=attempt == 0)
-                if eid < 0:
-                    return None
-                _, payload, generation = self._value_views(eid)
-                length = self._eq[eid * ENTRY_WORDS + E.value_len]
-                if length > target.nbytes:
-                    raise InvalidArgument(
-                        f"buffer of {target.nbytes} bytes is too small for the {length}-byte value"
-                    )
-                if length <= INLINE_COPY_MAX_BYTES:
-                    transfer.copy_into(target, payload)
-                    return length
+
+        def copy(header: bytes, payload: list[memoryview]) -> int:
+            length = sum(len(view) for view in payload)
+            if length > target.nbytes:
+                raise InvalidArgument(
+                    f"buffer of {target.nbytes} bytes is too small for the {length}-byte value"
+                )
             transfer.copy_into(target, payload)
-            with self._lock:
-                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
-                    return length
-        return None
+            return length
+
+        return self._read(key, copy)
 
     def __getitem__(self, key: Key) -> Value:
         value = self.get(key)
@@ -300,8 +267,7 @@ class Pool(EvictionMixin):
     def keys(self) -> list[Key]:
         """The keys of all live (unexpired) entries, in no particular order."""
         with self._lock:
-            ids = self._entries.live_ids()
-            ids = ids[self._views.entries["expires_at"][ids] > self._clock()]
+            ids, _ = self._live_records()
             return [self._key_of(eid) for eid in ids.tolist()]
 
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
@@ -320,10 +286,7 @@ class Pool(EvictionMixin):
         if limit is not None:
             whole_number(limit, "limit")
         with self._lock:
-            ids = self._entries.live_ids()
-            records = self._views.entries[ids]
-            alive = records["expires_at"] > self._clock()
-            ids, records = ids[alive], records[alive]
+            ids, records = self._live_records()
             if sort == "policy":
                 order = rank_victims(self._policy, records, self._score_context())
             else:
@@ -426,6 +389,86 @@ class Pool(EvictionMixin):
         self._lock.reopen_after_fork()
         self._me = me()
 
+    # ------------------------------------ the two copy protocols (they take the lock)
+
+    def _read(self, key: Key, copy: Callable[[bytes, list[memoryview]], Copied]) -> Copied | None:
+        """Look ``key`` up and ``copy`` its (codec header, payload views) out; None on a miss.
+
+        Small values are copied under the lock. Larger ones are copied without
+        it and kept only if the entry's generation did not change meanwhile
+        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss.
+        """
+        key_bytes, _ = _key_bytes(key)
+        for attempt in range(READ_ATTEMPTS):
+            with self._lock:
+                eid = self._lookup(key_bytes, count=attempt == 0)
+                if eid < 0:
+                    return None
+                header, payload, generation = self._value_views(eid)
+                if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
+                    return copy(header, payload)
+            copied = copy(header, payload)
+            with self._lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                    return copied
+        return None
+
+    def _store(
+        self,
+        key_bytes: bytes,
+        flags: int,
+        header_len: int,
+        value_len: int,
+        priority: int,
+        expires_at: float,
+        fill: Callable[[list[memoryview]], bool],
+        *,
+        history: History | None = None,
+        under_lock: bool = False,
+    ) -> bool:
+        """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused.
+
+        With ``under_lock`` (small values) it all happens in one lock hold.
+        Otherwise the entry waits in state WRITING, invisible to readers and
+        safe from eviction, while ``fill`` copies without the lock.
+        ``history`` restores a snapshot entry's policy metadata.
+        """
+        num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
+        with self._lock:
+            eid = self._reserve(
+                flags, key_bytes, header_len, value_len, num_pages, priority, expires_at
+            )
+            generation = self._eq[eid * ENTRY_WORDS + E.generation]
+            targets = self._entry_slices(eid)
+            if under_lock:
+                try:
+                    accepted = fill(targets)
+                except BaseException:
+                    self._free_entry(eid)
+                    raise
+                return self._finish(eid, accepted, history)
+        try:
+            accepted = fill(targets)
+        except BaseException:
+            with self._lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                    self._free_entry(eid)
+            raise
+        with self._lock:
+            if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
+                raise CorruptPoolError(
+                    f"an entry of pool '{self.name}' was reclaimed while this live process "
+                    "wrote it: run cortex cache health --repair"
+                )
+            return self._finish(eid, accepted, history)
+
+    def _finish(self, eid: int, accepted: bool, history: History | None) -> bool:
+        if accepted:
+            self._publish(eid, history)
+        else:
+            self._free_entry(eid)
+        return accepted
+
     # ------------------------------------------- internals (lock held by caller)
 
     def _find(self, key_bytes: bytes) -> int:
@@ -481,11 +524,19 @@ class Pool(EvictionMixin):
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
 
-    def _scatter(self, eid: int, pieces: tuple[bytes | memoryview, ...]) -> None:
-        """Copy ``pieces`` back to back into the entry's pages."""
+    def _entry_slices(self, eid: int) -> list[memoryview]:
+        """Views of all of an entry's bytes (key | value header | payload)."""
         q, base = self._eq, eid * ENTRY_WORDS
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        transfer.scatter(self._data, self._page_size, runs, pieces)
+        total = q[base + E.key_len] + q[base + E.header_len] + q[base + E.value_len]
+        return self._slices(runs, 0, total)
+
+    def _live_records(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and record copies of the live, unexpired entries."""
+        ids = self._entries.live_ids()
+        records = self._views.entries[ids]
+        alive = records["expires_at"] > self._clock()
+        return ids[alive], records[alive]
 
     def _slices(self, runs: list[Run], start: int, length: int) -> list[memoryview]:
         return transfer.slices(self._data, self._page_size, runs, start, length)
@@ -563,10 +614,8 @@ class Pool(EvictionMixin):
     def _snapshot_table(self) -> tuple[int, np.ndarray, np.ndarray]:
         """The logical clock, and ids and record copies of live, unexpired entries."""
         with self._lock:
-            ids = self._entries.live_ids()
-            records = self._views.entries[ids]
-            alive = records["expires_at"] > self._clock()
-            return self._hq[H.clock], ids[alive], records[alive]
+            ids, records = self._live_records()
+            return self._hq[H.clock], ids, records
 
     def _entry_views(self, eid: int, generation: int) -> list[memoryview] | None:
         """Views of an entry's bytes (key | header | payload) if it is still that READY entry."""
@@ -574,46 +623,12 @@ class Pool(EvictionMixin):
             base = eid * ENTRY_WORDS
             if self._eq[base + E.generation] != generation or self._eq[base + E.state] != READY:
                 return None
-            runs = self._allocator.runs(self._eq[base + E.first_page], self._eq[base + E.num_pages])
-            total = sum(self._eq[base + f] for f in (E.key_len, E.header_len, E.value_len))
-            return self._slices(runs, 0, total)
+            return self._entry_slices(eid)
 
     def _is_current(self, eid: int, generation: int) -> bool:
         """Whether entry ``eid`` is unchanged since ``generation`` was read."""
         with self._lock:
             return self._eq[eid * ENTRY_WORDS + E.generation] == generation
-
-    def _restore_entry(
-        self,
-        key_bytes: bytes,
-        flags: int,
-        header_len: int,
-        value_len: int,
-        priority: int,
-        expires_at: float,
-        history: History,
-        fill: Callable[[list[memoryview]], bool],
-    ) -> bool:
-        """Store an entry whose bytes ``fill`` writes into its pages; False if ``fill`` refused."""
-        total = len(key_bytes) + header_len + value_len
-        num_pages = -(-total // self._page_size)
-        with self._lock:
-            eid = self._reserve(
-                flags, key_bytes, header_len, value_len, num_pages, priority, expires_at
-            )
-            runs = self._allocator.runs(self._eq[eid * ENTRY_WORDS + E.first_page], num_pages)
-        try:
-            accepted = fill(self._slices(runs, 0, total))
-        except BaseException:
-            with self._lock:
-                self._free_entry(eid)
-            raise
-        with self._lock:
-            if accepted:
-                self._publish(eid, history)
-            else:
-                self._free_entry(eid)
-        return accepted
 
     def _set_clock(self, clock: int) -> None:
         """Set the logical clock (a restore puts back the snapshot's)."""

@@ -35,18 +35,16 @@ def slices(
     return views
 
 
-def scatter(
-    data: memoryview, page_size: int, runs: list[Run], pieces: tuple[bytes | memoryview, ...]
-) -> None:
-    """Copy ``pieces`` back to back into the pages of ``runs``."""
-    if len(runs) == 1:  # adjacent pages (always, for values of one page): plain slices
-        offset = runs[0][0] * page_size
+def scatter(targets: list[memoryview], pieces: tuple[bytes | memoryview, ...]) -> None:
+    """Copy ``pieces`` back to back into ``targets``, windows at least as long in total."""
+    if len(targets) == 1:  # adjacent pages (always, for values of one page): plain slices
+        window, offset = targets[0], 0
         for piece in pieces:
             end = offset + len(piece)
-            data[offset:end] = piece
+            window[offset:end] = piece
             offset = end
         return
-    windows = iter(slices(data, page_size, runs, 0, sum(len(p) for p in pieces)))
+    windows = iter(targets)
     window, filled = next(windows), 0
     for piece in pieces:
         done, size = 0, len(piece)

@@ -498,22 +498,23 @@ def cmd_reserve_and_hold_lock(p: dict) -> dict:
 def cmd_die_mid_write(p: dict) -> dict:
     """White-box: put a large value and SIGKILL ourselves in the middle of its copy.
 
-    ``Pool._scatter`` is wrapped (in this child only) so that, on the large-value
-    path (outside the lock), it copies the first half of the bytes and then the
-    process kills itself: a WRITING entry is left whose owner is dead.
+    ``transfer.scatter`` is wrapped (in this child only) so that, on the
+    large-value path (outside the lock), it copies the first half of the bytes
+    and then the process kills itself: a WRITING entry is left whose owner is dead.
     """
     pool = kvcache.open(p["pool"])
-    original = pool._scatter
+    original = kvcache.transfer.scatter
 
-    def scatter_then_die(eid: int, pieces: tuple) -> None:
+    def scatter_then_die(targets: list, pieces: tuple) -> None:
         if sum(len(piece) for piece in pieces) <= INLINE_COPY_MAX_BYTES:
-            original(eid, pieces)  # a small put, copied under the lock
+            original(targets, pieces)  # a small put, copied under the lock
             return
         key, header, payload = pieces
-        original(eid, (key, header, payload[: len(payload) // 2]))
+        half = (key, header, payload[: len(payload) // 2])
+        original(targets, half)  # fills the first half of the entry's pages
         os.kill(os.getpid(), signal.SIGKILL)
 
-    pool._scatter = scatter_then_die
+    kvcache.transfer.scatter = scatter_then_die
     key = p["key"]
     pool.put(key, make_value(key, p["size"], np.random.default_rng(p["seed"])))
     return {"error": "survived its own SIGKILL"}

@@ -305,15 +305,15 @@ def _load(
             return files.read_exactly(reader.fd, views, start) and entry_checksum(views) == expected
 
         history = (int(record["created"]), int(record["last_access"]), float(record["freq"]))
-        restored = pool._restore_entry(
+        restored = pool._store(
             key,
             int(record["flags"]),
             int(record["header_len"]),
             int(record["value_len"]),
             int(record["priority"]),
             float(record["expires_at"]),
-            history,
             fill,
+            history=history,
         )
         if not restored:
             skipped.append(
