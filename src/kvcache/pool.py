@@ -697,14 +697,39 @@ def create(
         eviction_samples=eviction_samples,
         lfu_half_life=lfu_half_life,
     )
+    return create_from_config(name, config, mode=mode, prealloc=prealloc, clock=clock, rng=rng)
+
+
+def create_from_config(
+    name: str,
+    config: PoolConfig,
+    *,
+    mode: int = 0o600,
+    prealloc: bool = False,
+    clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
+    hidden: bool = False,
+) -> Pool:
+    """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
+
+    Args:
+        hidden: keep the segment under a hidden name until
+            ``segment.publish(pool._segment, ...)``; a restore fills it first.
+    """
     geometry = Geometry.for_config(config)
 
     def initialise(seg: segment.Segment) -> None:
         write_header(seg.buffer, config, geometry, clock(), geometry.num_pages if prealloc else 0)
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
-    seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise)
-    return Pool(seg, config, geometry, clock=clock, rng=rng)
+    seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden)
+    try:
+        return Pool(seg, config, geometry, clock=clock, rng=rng)
+    except BaseException:
+        seg.close()
+        if hidden:
+            seg.path.unlink(missing_ok=True)
+        raise
 
 
 def open(

@@ -26,9 +26,9 @@ import numpy as np
 from .. import segment
 from ..config import PoolConfig
 from ..errors import PoolExistsError, SnapshotError
-from ..layout import ENTRY_DTYPE, Geometry, write_header
+from ..layout import ENTRY_DTYPE
 from ..policies import ScoreContext, get_policy, rank_victims
-from ..pool import Pool
+from ..pool import Pool, create_from_config
 from ..pool import open as open_pool
 from ..units import parse_size
 from . import files
@@ -220,21 +220,8 @@ def restore_with_report(
         keep = _choose_survivors(records[alive], config, int(reader.header["clock"]), now)
         chosen = alive[keep]
         chosen = chosen[np.argsort(records["offset"][chosen], kind="stable")]  # read sequentially
-        geometry = Geometry.for_config(config)
-        seg = segment.create(
-            name,
-            geometry.total_bytes,
-            geometry.data_offset,
-            0o600,
-            lambda s: write_header(s.buffer, config, geometry, now, 0),
-            hidden=True,
-        )
-        try:
-            builder = Pool(seg, config, geometry, clock=clock)
-        except BaseException:
-            seg.close()
-            seg.path.unlink(missing_ok=True)
-            raise
+        builder = create_from_config(name, config, clock=clock, hidden=True)
+        seg = builder._segment
         try:
             skipped = _load(reader, builder, records, chosen, progress)
             # Restoring ticked the clock once per entry; policies measure age
