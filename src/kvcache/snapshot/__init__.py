@@ -41,6 +41,12 @@ from .format import (
     entry_checksum,
 )
 
+_RECORD_FIELDS_FROM_ENTRY = (
+    "key_len", "header_len", "value_len", "flags", "priority",
+    "expires_at", "last_access", "created", "freq",
+)  # fmt: skip
+"""Snapshot record fields copied as they are from the pool's entry records."""
+
 Progress = Callable[[int, int], None]
 """``progress(done_bytes, total_bytes)``, called as entries are written or read."""
 
@@ -110,38 +116,33 @@ def persist(
 
     def write(fd: int) -> None:
         os.lseek(fd, HEADER_BYTES, os.SEEK_SET)
-        records = np.zeros(len(ids), RECORD_DTYPE)
-        kept, offset = 0, 0
-        for eid, entry in zip(ids.tolist(), entries, strict=True):
-            views = pool._entry_views(eid, int(entry["generation"]))
+        kept: list[int] = []  # indexes into ids/entries, in file order
+        offsets: list[int] = []
+        checksums: list[int] = []
+        offset = 0
+        for index, (eid, generation) in enumerate(
+            zip(ids.tolist(), entries["generation"].tolist(), strict=True)
+        ):
+            views = pool._entry_views(eid, generation)
             if views is None:
                 continue  # evicted or replaced since the table was read
             checksum = entry_checksum(views)
             files.write_all(fd, views)
-            length = sum(v.nbytes for v in views)
-            if not pool._is_current(eid, int(entry["generation"])):
+            if not pool._is_current(eid, generation):
                 os.lseek(fd, HEADER_BYTES + offset, os.SEEK_SET)  # overwrite it with the next
                 continue
-            record = records[kept]
-            for name in (
-                "key_len",
-                "header_len",
-                "value_len",
-                "flags",
-                "priority",
-                "expires_at",
-                "last_access",
-                "created",
-                "freq",
-            ):
-                record[name] = entry[name]
-            record["offset"] = offset
-            record["checksum"] = checksum
-            kept, offset = kept + 1, offset + length
+            kept.append(index)
+            offsets.append(offset)
+            checksums.append(checksum)
+            offset += sum(v.nbytes for v in views)
             if progress:
                 progress(offset, total)
         os.ftruncate(fd, HEADER_BYTES + offset)
-        records = records[:kept]
+        records = np.zeros(len(kept), RECORD_DTYPE)
+        for name in _RECORD_FIELDS_FROM_ENTRY:
+            records[name] = entries[name][kept]
+        records["offset"] = offsets
+        records["checksum"] = np.array(checksums, dtype=np.uint64)
         os.pwrite(fd, records.tobytes(), HEADER_BYTES + offset)
         os.pwrite(fd, encode_header(pool.name, pool.config, created_at, clock, records, offset), 0)
 
