@@ -49,8 +49,8 @@ import gc
 import mmap
 import os
 import statistics
-import tempfile
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
