@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,19 +81,87 @@ def generate(params: dict[str, Any]) -> dict[str, Any]:
     return {"reused": reused, "tokens": out[0].tolist()}
 
 
-COMMANDS = {"store-kv": store_kv, "retrieve-kv": retrieve_kv, "generate": generate}
+HAMMER_CHUNK = 128
+"""128 tokens of LAYOUT are 128 KiB: over Pool's inline-copy limit, so chunks are
+copied outside the lock and checked against concurrent eviction."""
+
+
+def hammer_prompt(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt ``seed`` of the hammer: its tokens and their KV (4 or 5 chunks and a bit)."""
+    num_tokens = HAMMER_CHUNK * (4 + seed % 2) + 7
+    return seeded_tokens(seed, num_tokens), seeded_kv(seed, num_tokens)
+
+
+def prefix_hammer(params: dict[str, Any]) -> dict[str, Any]:
+    """Store and retrieve a few prompts at random for ``seconds``; check every hit's KV."""
+    rng = np.random.default_rng(params["seed"])
+    prompts = [hammer_prompt(seed) for seed in range(params["prompts"])]
+    counts = {"stores": 0, "retrieves": 0, "hits": 0, "partial": 0}
+    failures: list[str] = []
+    with kvcache.open(params["pool"]) as pool:
+        pc = PrefixCache(pool, "model", LAYOUT, chunk_tokens=HAMMER_CHUNK)
+        out = pc.new_buffer(HAMMER_CHUNK * 6)
+        end = time.monotonic() + params["seconds"]
+        while time.monotonic() < end:
+            seed = int(rng.integers(len(prompts)))
+            tokens, kv = prompts[seed]
+            if rng.random() < 0.4:
+                pc.store(tokens, kv)
+                counts["stores"] += 1
+                continue
+            got, n = pc.retrieve(tokens, out=out if rng.random() < 0.5 else None)
+            counts["retrieves"] += 1
+            counts["hits"] += n > 0
+            counts["partial"] += 0 < n < len(tokens) - len(tokens) % HAMMER_CHUNK
+            if not np.array_equal(got, kv[:, :, :, :n]):
+                failures.append(f"prompt {seed}: {n} tokens retrieved, not the ones stored")
+    return {**counts, "failures": failures[:5]}
+
+
+COMMANDS = {
+    "store-kv": store_kv,
+    "retrieve-kv": retrieve_kv,
+    "generate": generate,
+    "prefix-hammer": prefix_hammer,
+}
+
+
+def _command_line(command: str, params: dict[str, Any]) -> list[str]:
+    return [sys.executable, str(HERE), command, json.dumps(params)]
+
+
+def _result(command: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    assert returncode == 0, f"{command} exited {returncode}: {stderr[-3000:]}"
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run_child(command: str, timeout: float = 120, **params: Any) -> dict[str, Any]:
     """Run ``command`` in a new Python process; its JSON result."""
     done = subprocess.run(
-        [sys.executable, str(HERE), command, json.dumps(params)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        _command_line(command, params), capture_output=True, text=True, timeout=timeout
     )
-    assert done.returncode == 0, f"{command} exited {done.returncode}: {done.stderr[-3000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _result(command, done.returncode, done.stdout, done.stderr)
+
+
+def run_children(
+    command: str, params: list[dict[str, Any]], timeout: float = 120
+) -> list[dict[str, Any]]:
+    """Run ``command`` in one new Python process per ``params``, all at once; their results."""
+    children = [
+        subprocess.Popen(_command_line(command, p), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for p in params
+    ]  # fmt: skip
+    try:
+        outputs = [child.communicate(timeout=timeout) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    return [
+        _result(command, child.returncode, stdout, stderr)
+        for child, (stdout, stderr) in zip(children, outputs, strict=True)
+    ]
 
 
 if __name__ == "__main__":

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from prefix_workers import CHUNK, LAYOUT, llama_prompt, run_child, seeded_kv, seeded_tokens
+from prefix_workers import (
+    CHUNK,
+    HAMMER_CHUNK,
+    LAYOUT,
+    hammer_prompt,
+    llama_prompt,
+    run_child,
+    run_children,
+    seeded_kv,
+    seeded_tokens,
+)
 
 from kvcache import PrefixCache
 
@@ -39,3 +49,24 @@ def test_generate_in_a_second_process_reuses_the_first_ones_prefix(make_pool) ->
         expected = tiny_llama().generate(ids, max_new_tokens=10, do_sample=False)[0].tolist()
     assert first["tokens"] == second["tokens"] == expected
     assert pool.stats().hits >= 4  # counted in the shared pool
+
+
+def test_concurrent_stores_and_retrieves_under_eviction_never_return_wrong_kv(make_pool) -> None:
+    """Three processes store and retrieve 6 prompts in a pool that holds about a third
+    of them, so chunks are evicted and their pages reused while others copy them out.
+    Every hit must be exactly the KV stored for those tokens."""
+    prompts = 6
+    chunk_bytes = HAMMER_CHUNK * LAYOUT.token_bytes
+    total_chunks = sum(len(hammer_prompt(seed)[0]) // HAMMER_CHUNK for seed in range(prompts))
+    pool = make_pool(str(chunk_bytes * total_chunks // 3), page_size="16K")
+    results = run_children(
+        "prefix-hammer",
+        [dict(pool=pool.name, seed=seed, prompts=prompts, seconds=3.0) for seed in range(3)],
+    )
+    assert [r["failures"] for r in results] == [[], [], []]
+    assert all(r["stores"] > 0 and r["retrieves"] > 0 for r in results)
+    assert sum(r["hits"] for r in results) > 0
+    assert sum(r["partial"] for r in results) > 0  # some prefixes were cut short by eviction
+    stats = pool.stats()
+    assert stats.evictions > 0
+    assert pool.check() == []
