@@ -8,8 +8,9 @@ Run from the repository root::
 
 It prints a table and always exits 0 (it is not a test). The goals from the
 issue, at 2048 tokens: time to first token (TTFT) with reuse at least 10x
-lower than without, and kvcache's own time under 5% of what remains; each is
-printed as PASS / MISS.
+lower than without, and kvcache's own time under 5% of what remains; each
+request at 2048 tokens is marked PASS / MISS (not with ``--quick``: the goals
+are for the full-size model, and the quick one is too small to judge by).
 
 Method
 ------
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
         generator = torch.Generator().manual_seed(1)
         with torch.inference_mode():
             for length in lengths:
-                measure(model, pc, length, generator, args.repeats)
+                measure(model, pc, length, generator, args.repeats, judge=not args.quick)
         stats = pool.stats()
         print(
             f"pool '{name}': {stats.num_entries} chunks, {kvcache.format_size(stats.used_bytes)} "
@@ -178,8 +179,15 @@ def run(args: argparse.Namespace) -> None:
 
 
 def measure(
-    model: Any, pc: kvcache.PrefixCache, length: int, generator: torch.Generator, repeats: int
+    model: Any,
+    pc: kvcache.PrefixCache,
+    length: int,
+    generator: torch.Generator,
+    repeats: int,
+    *,
+    judge: bool,
 ) -> None:
+    """One prompt length's rows; with ``judge``, PASS / MISS against the goals at GOAL_AT."""
     ids = torch.randint(0, VOCAB, (1, length), generator=generator)
     cold, _, (token, cache) = median_of(repeats, lambda: cold_ttft(model, ids))
     start = time.perf_counter()
@@ -211,7 +219,7 @@ def measure(
     for i, (label, n, warm, speedup, kv_time, floor) in enumerate(rows):
         left = f"{length:>6} {cold * 1e3:>7.0f}ms {store * 1e3:>6.1f}ms" if i == 0 else " " * 26
         verdict = ""
-        if length == GOAL_AT:
+        if judge and length == GOAL_AT:
             ok = speedup >= GOAL_SPEEDUP and kv_time / warm < GOAL_SHARE
             verdict = "  PASS" if ok else "  MISS"
         print(
