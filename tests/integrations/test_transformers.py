@@ -255,6 +255,14 @@ def test_a_model_needs_a_name(pool: kvcache.Pool, model) -> None:
         kvhf.prefix_cache(pool, model)
 
 
+def test_models_off_the_cpu_are_refused(pool: kvcache.Pool, pc: PrefixCache) -> None:
+    elsewhere = tiny_llama().to("meta")  # a real device other than the CPU, without a GPU
+    with pytest.raises(InvalidArgument, match=r"is on meta.*model.to\('cpu'\)"):
+        kvhf.prefix_cache(pool, elsewhere, model_id="tiny-llama")
+    with pytest.raises(InvalidArgument, match="is on meta"):
+        kvhf.generate(elsewhere, pc, prompt(20), max_new_tokens=2)
+
+
 def test_sliding_window_models_are_refused(pool: kvcache.Pool) -> None:
     config = transformers.MistralConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

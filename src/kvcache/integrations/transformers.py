@@ -120,14 +120,21 @@ def prefix_cache(
 
 
 def check_model(model: Any) -> None:
-    """Refuse models whose cache layers are not all plain full-attention ``DynamicLayer``s.
+    """Refuse models not on the CPU, or whose cache layers are not all full-attention.
 
-    A sliding-window layer keeps only its last window of tokens, and a linear
-    attention layer a state, so neither holds a prefix's KV token by token.
+    Loaded KV are CPU tensors (views of retrieved memory), which a model on
+    another device cannot use. A sliding-window layer keeps only its last
+    window of tokens, and a linear attention layer a state, so neither holds a
+    prefix's KV token by token.
 
     Raises:
         InvalidArgument: such a model.
     """
+    if model.device.type != "cpu":
+        raise InvalidArgument(
+            f"{type(model).__name__} is on {model.device}: kvcache.integrations.transformers "
+            "runs models on the CPU (model.to('cpu'))"
+        )
     probe = DynamicCache(config=model.config)
     kinds = {type(layer).__name__ for layer in probe.layers if type(layer) is not DynamicLayer}
     if kinds:
