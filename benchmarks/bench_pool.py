@@ -302,8 +302,10 @@ class RawBaseline:
     read_gbps: float
 
 
-def shm_region(num_bytes: int) -> tuple[mmap.mmap, np.ndarray]:
-    """A mapped, touched /dev/shm file of ``num_bytes``; unlinked at once so it cannot leak."""
+@contextlib.contextmanager
+def shm_array(num_bytes: int) -> Iterator[np.ndarray]:
+    """uint8 over a mapped, touched /dev/shm file of ``num_bytes``, unlinked at once so it
+    cannot leak; unmapped on exit (also used by bench_prefix)."""
     path = SHM / f".{POOL_PREFIX}-raw-{next(_pool_ids)}"
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -314,17 +316,17 @@ def shm_region(num_bytes: int) -> tuple[mmap.mmap, np.ndarray]:
         os.close(fd)
     array = np.frombuffer(region, np.uint8)
     array[:] = 1  # first touch, outside the timing
-    return region, array
+    try:
+        yield array
+    finally:
+        del array
+        with contextlib.suppress(BufferError):  # a view still held by the caller or a traceback
+            region.close()
 
 
 def measure_raw(value: bytes, count: int, settings: Settings) -> RawBaseline:
-    region, array = shm_region(len(value) * count)
-    try:
+    with shm_array(len(value) * count) as array:
         write_rate, read_rate = raw_copy_rates(array.reshape(count, len(value)), value, settings)
-    finally:
-        del array
-        with contextlib.suppress(BufferError):  # a view still held by a traceback
-            region.close()
     return RawBaseline(write_rate * len(value) / 1e9, read_rate * len(value) / 1e9)
 
 

@@ -47,11 +47,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import mmap
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -69,6 +67,7 @@ except ImportError as exc:
 import numpy as np
 
 import kvcache
+from bench_pool import shm_array  # a touched /dev/shm mapping, as for the raw copy there
 
 FULL = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
             intermediate_size=2816)  # fmt: skip
@@ -124,21 +123,15 @@ def copy_floor(pc: kvcache.PrefixCache, num_tokens: int, repeats: int) -> float:
     The CPU caches are flushed before each copy, as the forward between two
     requests flushes them before each ``kvhf.load``.
     """
-    nbytes = num_tokens * pc.layout.token_bytes
     flush = np.ones(FLUSH_BYTES, np.uint8)
     times = []
-    with tempfile.TemporaryFile(dir="/dev/shm") as file:
-        file.truncate(nbytes)
-        with mmap.mmap(file.fileno(), nbytes) as region:
-            source = np.frombuffer(region, np.uint8)
-            source[:] = 1  # fault the pages in, as a pool's are
-            target = pc.new_buffer(num_tokens).transpose(3, 0, 1, 2, 4).reshape(-1).view(np.uint8)
-            for _ in range(repeats + 1):
-                flush += 1
-                start = time.perf_counter()
-                np.copyto(target, source)
-                times.append(time.perf_counter() - start)
-            del source  # the mapping cannot close while an array views it
+    with shm_array(num_tokens * pc.layout.token_bytes) as source:
+        target = pc.new_buffer(num_tokens).transpose(3, 0, 1, 2, 4).reshape(-1).view(np.uint8)
+        for _ in range(repeats + 1):
+            flush += 1
+            start = time.perf_counter()
+            np.copyto(target, source)
+            times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
 
