@@ -8,18 +8,18 @@ agree on them without passing any tensors.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from workers import Children
 
 import kvcache
 from kvcache import KVLayout, PrefixCache
 
-HERE = Path(__file__).resolve()
+PREFIX_WORKERS = Path(__file__).resolve()
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=32, dtype="float16")
 CHUNK = 16
 
@@ -126,42 +126,10 @@ COMMANDS = {
 }
 
 
-def _command_line(command: str, params: dict[str, Any]) -> list[str]:
-    return [sys.executable, str(HERE), command, json.dumps(params)]
-
-
-def _result(command: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
-    assert returncode == 0, f"{command} exited {returncode}: {stderr[-3000:]}"
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 def run_child(command: str, timeout: float = 120, **params: Any) -> dict[str, Any]:
     """Run ``command`` in a new Python process; its JSON result."""
-    done = subprocess.run(
-        _command_line(command, params), capture_output=True, text=True, timeout=timeout
-    )
-    return _result(command, done.returncode, done.stdout, done.stderr)
-
-
-def run_children(
-    command: str, params: list[dict[str, Any]], timeout: float = 120
-) -> list[dict[str, Any]]:
-    """Run ``command`` in one new Python process per ``params``, all at once; their results."""
-    children = [
-        subprocess.Popen(_command_line(command, p), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-        for p in params
-    ]  # fmt: skip
-    try:
-        outputs = [child.communicate(timeout=timeout) for child in children]
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
-    return [
-        _result(command, child.returncode, stdout, stderr)
-        for child, (stdout, stderr) in zip(children, outputs, strict=True)
-    ]
+    with Children(PREFIX_WORKERS) as children:
+        return children.result(children.start(command, **params), timeout=timeout)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,14 @@ from prefix_workers import (
     CHUNK,
     HAMMER_CHUNK,
     LAYOUT,
+    PREFIX_WORKERS,
     hammer_prompt,
     llama_prompt,
     run_child,
-    run_children,
     seeded_kv,
     seeded_tokens,
 )
+from workers import Children
 
 from kvcache import PrefixCache
 
@@ -59,10 +60,12 @@ def test_concurrent_stores_and_retrieves_under_eviction_never_return_wrong_kv(ma
     chunk_bytes = HAMMER_CHUNK * LAYOUT.token_bytes
     total_chunks = sum(len(hammer_prompt(seed)[0]) // HAMMER_CHUNK for seed in range(prompts))
     pool = make_pool(str(chunk_bytes * total_chunks // 3), page_size="16K")
-    results = run_children(
-        "prefix-hammer",
-        [dict(pool=pool.name, seed=seed, prompts=prompts, seconds=3.0) for seed in range(3)],
-    )
+    with Children(PREFIX_WORKERS) as children:
+        hammers = [
+            children.start("prefix-hammer", pool=pool.name, seed=seed, prompts=prompts, seconds=3.0)
+            for seed in range(3)
+        ]
+        results = [children.result(hammer, timeout=120) for hammer in hammers]
     assert [r["failures"] for r in results] == [[], [], []]
     assert all(r["stores"] > 0 and r["retrieves"] > 0 for r in results)
     assert sum(r["hits"] for r in results) > 0

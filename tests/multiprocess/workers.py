@@ -280,14 +280,19 @@ def wait_for_line(proc: subprocess.Popen, expected: str, timeout: float) -> None
 
 
 class Children:
-    """Starts worker processes and guarantees they are gone afterwards (``with`` block)."""
+    """Starts worker processes and guarantees they are gone afterwards (``with`` block).
 
-    def __init__(self) -> None:
+    Args:
+        script: the worker script whose commands ``start`` runs (this one by default).
+    """
+
+    def __init__(self, script: Path = WORKERS) -> None:
+        self.script = script
         self.procs: list[subprocess.Popen] = []
 
     def start(self, command: str, **params: object) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, str(WORKERS), command, json.dumps(params)],
+            [sys.executable, str(self.script), command, json.dumps(params)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
