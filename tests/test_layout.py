@@ -152,9 +152,9 @@ def test_metadata_overhead_below_one_percent_at_default_page_size(size: str) -> 
     assert Geometry.for_config(config).metadata_bytes / config.size_bytes < 0.01
 
 
-def test_entry_record_is_160_bytes_of_8_byte_words() -> None:
-    assert ENTRY_DTYPE.itemsize == 160
-    assert ENTRY_WORDS == 20
+def test_entry_record_is_184_bytes_of_8_byte_words() -> None:
+    assert ENTRY_DTYPE.itemsize == 184
+    assert ENTRY_WORDS == 23
     for name, (dtype, offset) in ENTRY_DTYPE.fields.items():
         assert dtype.itemsize == 8, name
         assert offset % 8 == 0, name
@@ -194,8 +194,8 @@ def test_views_alias_the_same_bytes() -> None:
         assert int(views.page_next[-1]) == 3
         views.live_q[0] = 8
         assert int(views.live[0]) == 8
-        views.procs[0] = (11, 12)
-        assert tuple(views.procs[0]) == (11, 12)
+        views.procs[0] = (11, 12, 13, 14)
+        assert tuple(views.procs[0]) == (11, 12, 13, 14)
         views.data[-1] = 0xAB
         assert buffer[geometry.total_bytes - 1] == 0xAB
         offset = geometry.page_next_offset + 8 * (geometry.num_pages - 1)

@@ -1,202 +1,212 @@
-"""procs: process identity (pid + start time), liveness and the attached-process table."""
+"""procs: the attached-process table, judged alive by kernel-held leases.
+
+Real pools, real child processes: a slot is live exactly while its holder's
+lease is held, whatever happens to pids (reuse, other PID namespaces).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import textwrap
+from collections.abc import Callable
 
 import pytest
 
 import kvcache
-from kvcache import PoolFullError
-from kvcache.procs import ProcessTable, is_alive, me, start_time
+from kvcache import PoolFullError, leases
+from kvcache.config import PoolConfig
+from kvcache.pool import create_from_config
+from kvcache.procs import me
+
+_HOLD_OPEN = textwrap.dedent(
+    """
+    import sys, kvcache
+    pool = kvcache.open(sys.argv[1])
+    print(pool._slot, pool._serial, flush=True)
+    sys.stdin.read()
+    """
+)
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return data[data.rindex(b")") + 2 :].split()[0].decode()
-
-
-@pytest.fixture
-def child() -> Iterator[subprocess.Popen[bytes]]:
-    """A live child process that exits when its stdin closes."""
+def _holder(name: str, *wrapper: str) -> tuple[subprocess.Popen[str], int, int]:
+    """A child (optionally run under ``wrapper``) that opens pool ``name`` and waits."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        [*wrapper, sys.executable, "-c", _HOLD_OPEN, name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else ""
+    slot, serial = map(int, line.split())
+    return proc, slot, serial
 
 
-def _exit_and_become_zombie(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stdin is not None
-    proc.stdin.close()
-    deadline = time.monotonic() + 10
-    while _state(proc.pid) != "Z":
-        assert time.monotonic() < deadline, "child did not exit"
-        time.sleep(0.005)
+def _kill(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.communicate(timeout=20)
 
 
-def test_start_time_of_self() -> None:
-    pid = os.getpid()
-    start = start_time(pid)
-    assert start > 0
-    assert start_time(pid) == start  # stable
-    assert me() == (pid, start)
-    assert is_alive(pid, start)
+def test_identity_of_this_process() -> None:
+    who = me()
+    assert who.pid == os.getpid()
+    assert who.start > 0
+    assert who.pid_ns == os.stat("/proc/self/ns/pid").st_ino
+    assert me() is who  # cached until a fork
 
 
-def test_start_time_of_missing_process() -> None:
-    assert start_time(2**22 + 12345) == -1  # above any pid_max
-    assert start_time(0) == -1
-    assert start_time(-1) == -1
+def test_a_pool_holds_a_slot_while_open(make_pool: Callable[..., kvcache.Pool]) -> None:
+    pool = make_pool("64K", page_size="1K")
+    slot, serial = pool._slot, pool._serial
+    assert serial >= 1
+    assert pool._procs.is_live(slot, serial)
+    assert not pool._procs.is_live(slot, serial + 1)  # a later holder of the slot
+    assert not pool._procs.is_live(-1, serial)
+    assert not pool._procs.is_live(10**6, serial)
+    assert pool.stats().attached == (os.getpid(),)
+    assert pool.stats().num_attached == 1
+    with kvcache.open(pool.name) as other:  # a second handle takes a slot of its own
+        assert other._slot != slot
+        assert pool._procs.is_live(other._slot, other._serial)
+        assert pool.stats().attached == (os.getpid(),)  # each process once
+    assert not pool._procs.is_live(other._slot, other._serial)
 
 
-def test_reused_pid_is_not_alive() -> None:
-    pid, start = me()
-    assert not is_alive(pid, start + 1)
-    assert not is_alive(pid, start - 1)
-    assert not is_alive(pid, 0)
+def test_a_killed_holder_is_dead_at_once_and_its_slot_serves_again(
+    make_pool: Callable[..., kvcache.Pool],
+) -> None:
+    pool = make_pool("64K", page_size="1K")
+    proc, slot, serial = _holder(pool.name)
+    assert pool._procs.is_live(slot, serial)
+    assert proc.pid in pool.stats().attached
+    _kill(proc)
+    assert not pool._procs.is_live(slot, serial)
+    assert proc.pid not in pool.stats().attached
+    # Its slot was not cleared (no clean close), so it is taken only once the
+    # cleared ones are used up; a later holder gets a new serial.
+    table = pool._views.procs
+    table["pid_ns"][table["pid_ns"] == 0] = 1  # white-box: every other slot looks used
+    table["pid_ns"][slot] = 0
+    with kvcache.open(pool.name) as again:
+        assert (again._slot, again._serial) == (slot, serial + 1)
+        assert not pool._procs.is_live(slot, serial)  # the dead writer stays dead
 
 
-@pytest.mark.parametrize("pid", [0, -1, -os.getpid(), 2**22 + 12345])
-def test_impossible_pids_are_not_alive(pid: int) -> None:
-    assert not is_alive(pid, start_time(os.getpid()))
+def test_pid_reuse_cannot_revive_a_dead_holder(make_pool: Callable[..., kvcache.Pool]) -> None:
+    """Regression: liveness was (pid, start time); a slot now carries no meaning in its pid."""
+    pool = make_pool("64K", page_size="1K")
+    proc, slot, serial = _holder(pool.name)
+    _kill(proc)
+    pool._views.procs["pid"][slot] = os.getpid()  # as if our pid had been recycled
+    pool._views.procs["start"][slot] = me().start
+    assert not pool._procs.is_live(slot, serial)
 
 
-def test_child_alive_then_zombie_then_gone(child: subprocess.Popen[bytes]) -> None:
-    start = start_time(child.pid)
-    assert start >= start_time(os.getpid())  # started after us
-    assert is_alive(child.pid, start)
-    _exit_and_become_zombie(child)
-    assert start_time(child.pid) == start  # a zombie still has its /proc entry...
-    assert not is_alive(child.pid, start)  # ...but counts as dead
-    child.wait()
-    assert start_time(child.pid) == -1
-    assert not is_alive(child.pid, start)
-
-
-def test_process_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
-    """/proc/<pid>/stat puts the command name in parentheses; it may contain both."""
-    odd = tmp_path / "a) b (c"
-    odd.symlink_to(sys.executable)
-    proc = subprocess.Popen([str(odd), "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+def test_table_full_refuses_then_a_dead_slot_is_reused(pool_name: str) -> None:
+    config = PoolConfig(size_bytes=64 << 10, page_size_bytes=1 << 10, max_processes=2)
+    pool = create_from_config(pool_name, config)
     try:
-        with open(f"/proc/{proc.pid}/stat", "rb") as f:
-            assert b"(a) b (c)" in f.read()  # the trap is really there
-        start = start_time(proc.pid)
-        assert start >= start_time(os.getpid())
-        assert is_alive(proc.pid, start)
-        assert not is_alive(proc.pid, start + 1)
+        proc, slot, serial = _holder(pool_name)
+        with pytest.raises(PoolFullError, match="2 live processes"):
+            kvcache.open(pool_name)
+        _kill(proc)
+        with kvcache.open(pool_name) as reused:
+            assert (reused._slot, reused._serial) == (slot, serial + 1)
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait()
-    assert not is_alive(proc.pid, start)
+        pool.close()
 
 
-def test_me_is_refreshed_after_fork() -> None:
-    read, write = os.pipe()
+def test_forked_child_takes_a_slot_of_its_own(make_pool: Callable[..., kvcache.Pool]) -> None:
+    """Regression: a forked child shared its parent's attachment and was not listed."""
+    pool = make_pool("1M", page_size="4K")
+    read_end, write_end = os.pipe()
+    go_read, go_write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: report me() and whether it matches its own pid and start time
+    if pid == 0:  # child: report its slot, store a value, wait, exit without closing
         try:
-            mine = me()
-            ok = mine == (os.getpid(), start_time(os.getpid())) and mine[0] != os.getppid()
-            os.write(write, b"1" if ok else b"0")
+            os.close(read_end)
+            os.write(write_end, f"{pool._slot} {pool._serial}\n".encode())
+            pool.put("from-child", b"x" * 100_000)
+            os.write(write_end, b"stored\n")
+            os.read(go_read, 1)
         finally:
             os._exit(0)
-    os.close(write)
-    try:
-        assert os.read(read, 1) == b"1"
-    finally:
-        os.close(read)
+    os.close(write_end)
+    with os.fdopen(read_end) as child_out:
+        slot, serial = map(int, child_out.readline().split())
+        assert child_out.readline() == "stored\n"
+        assert slot != pool._slot
+        assert pool._procs.is_live(slot, serial)
+        assert pool._procs.is_live(pool._slot, pool._serial)
+        assert set(pool.stats().attached) == {os.getpid(), pid}
+        os.write(go_write, b"x")
         os.waitpid(pid, 0)
-    assert me() == (os.getpid(), start_time(os.getpid()))
-
-
-@pytest.fixture
-def table(make_pool: Callable[..., kvcache.Pool]) -> ProcessTable:
-    """The process table of a real pool, emptied of the test process's own attachment."""
-    pool = make_pool("64K", page_size="1K")
-    procs = pool._views.procs
-    procs[:] = (0, 0)
-    return ProcessTable(procs)
-
-
-def _rows(table: ProcessTable) -> list[tuple[int, int]]:
-    rows = table._table[table._table["pid"] != 0]
-    return [(int(pid), int(start)) for pid, start in rows]
-
-
-def test_pool_attaches_its_process(make_pool: Callable[..., kvcache.Pool]) -> None:
-    pool = make_pool("64K", page_size="1K")
-    assert ProcessTable(pool._views.procs).live_pids() == [os.getpid()]
+    os.close(go_read)
+    os.close(go_write)
+    assert not pool._procs.is_live(slot, serial)
+    assert pool._procs.is_live(pool._slot, pool._serial)  # the parent's lease is untouched
     assert pool.stats().attached == (os.getpid(),)
+    assert pool.get("from-child") == b"x" * 100_000
+    assert pool.check() == []
 
 
-def test_attach_detach(table: ProcessTable) -> None:
-    pid, start = me()
-    table.attach(pid, start)
-    table.attach(pid, start)  # a process may open a pool twice
-    assert _rows(table) == [(pid, start), (pid, start)]
-    assert table.live_pids() == [pid]  # each pid once
-    table.detach(pid, start)
-    assert _rows(table) == [(pid, start)]
-    table.detach(pid, start + 1)  # not this process: nothing happens
-    assert _rows(table) == [(pid, start)]
-    table.detach(pid, start)
-    assert _rows(table) == []
-    assert table.live_pids() == []
-    table.detach(pid, start)  # detaching what is not there is harmless
+def test_holder_in_another_pid_namespace_is_alive(make_pool: Callable[..., kvcache.Pool]) -> None:
+    """Regression: a live process in another PID namespace was judged dead by its pid."""
+    pool = make_pool("64K", page_size="1K")
+    proc, slot, serial = _holder(pool.name, "unshare", "--pid", "--fork", "--mount-proc")
+    try:
+        assert pool._procs.is_live(slot, serial)
+        stats = pool.stats()
+        assert stats.num_attached == 2
+        assert stats.attached == (os.getpid(),)  # its pid means nothing here
+        assert int(pool._views.procs["pid_ns"][slot]) != me().pid_ns
+    finally:
+        _kill(proc)
+    assert not pool._procs.is_live(slot, serial)
+    assert pool.stats().num_attached == 1
 
 
-def test_attach_reuses_the_first_free_slot(table: ProcessTable) -> None:
-    pid, start = me()
-    for _ in range(3):
-        table.attach(pid, start)
-    table._table[1] = (0, 0)
-    table.attach(pid, start)
-    assert int(table._table["pid"][1]) == pid
-    assert int(table._table["pid"][3]) == 0
+def test_the_lease_is_gone_when_the_pool_lock_is_handed_over(tmp_path) -> None:
+    """A holder's lease and flock share one description, and the kernel drops the
+    lease first: whoever gets the lock after a death never sees the dead alive.
 
-
-def test_prune_forgets_dead_and_reused_processes(
-    table: ProcessTable, child: subprocess.Popen[bytes]
-) -> None:
-    pid, start = me()
-    child_start = start_time(child.pid)
-    table.attach(pid, start)
-    table.attach(child.pid, child_start)
-    table._table[5] = (pid, start + 1)  # our pid, another process's start time
-    assert _rows(table) == [(pid, start), (child.pid, child_start), (pid, start + 1)]
-    assert table.live_pids() == sorted([pid, child.pid])
-    table.prune()
-    assert _rows(table) == [(pid, start), (child.pid, child_start)]
-    _exit_and_become_zombie(child)
-    assert table.live_pids() == [pid]  # dead processes are never reported...
-    assert len(_rows(table)) == 2  # ...even before a prune
-    table.prune()
-    assert _rows(table) == [(pid, start)]
-
-
-def test_attach_when_full_prunes_then_refuses(
-    table: ProcessTable, child: subprocess.Popen[bytes]
-) -> None:
-    pid, start = me()
-    size = len(table._table)
-    assert size == 1024  # the default max_processes
-    table.attach(child.pid, start_time(child.pid))
-    table.attach(pid, start)
-    table._table[2:] = (pid, start)  # the rest at once: attach by attach is O(n**2)
-    with pytest.raises(PoolFullError, match="live processes"):
-        table.attach(pid, start)
-    _exit_and_become_zombie(child)
-    table.attach(pid, start)  # the dead child's slot is reclaimed
-    assert table.live_pids() == [pid]
-    assert len(_rows(table)) == size
+    (Regression of the pid-based check, under which a killed holder dropped its
+    flock before it turned zombie and looked alive to the next holder.)
+    """
+    path = tmp_path / "lockfile"
+    path.write_bytes(b"\0" * 8192)
+    script = textwrap.dedent(
+        """
+        import fcntl, importlib.util, os, sys, time
+        spec = importlib.util.spec_from_file_location("leases", sys.argv[2])
+        leases = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(leases)  # alone: a child that starts fast, 40 times over
+        fd = os.open(sys.argv[1], os.O_RDWR)
+        assert leases.try_hold(fd, 4096)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(1, b"locked\\n")
+        time.sleep(60)
+        """
+    )
+    for _ in range(40):
+        holder = subprocess.Popen(
+            [sys.executable, "-S", "-c", script, str(path), leases.__file__],
+            stdout=subprocess.PIPE,
+        )
+        fd = os.open(path, os.O_RDWR)
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == b"locked\n"
+            assert leases.is_held(fd, 4096)
+            holder.kill()
+            fcntl.flock(fd, fcntl.LOCK_EX)  # handed over as the holder dies
+            assert not leases.is_held(fd, 4096)
+        finally:
+            os.close(fd)
+            holder.kill()
+            holder.wait(timeout=20)

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache import recovery
+from kvcache import recovery, transfer
 from kvcache.layout import ENTRY_WORDS, NO_PAGE, READY, WRITING, E, H
 from kvcache.pool import _hash
-from kvcache.procs import start_time
 
 Value = bytes | np.ndarray
 Stored = dict[str, Value]
@@ -248,28 +247,44 @@ def test_two_ready_entries_with_one_key(pool: kvcache.Pool, stored: Stored) -> N
     _set(pool, e, "hash_hi", hi)
     page = _field(pool, e, "first_page") * 1024
     pool._views.data[page : page + 1] = b"a"
+    _set(pool, e, "checksum", transfer.as_word(transfer.checksum(pool._entry_slices(e))))
     assert _field(pool, e, "created") > _field(pool, a, "created")
     stored["a"] = stored["e"]
     _assert_repaired(pool, stored, "older duplicate", dropped=("e",))
 
 
-def _dead_pid() -> tuple[int, int]:
+def _dead_writer(pool: kvcache.Pool) -> tuple[int, int]:
+    """The (slot, serial) that a process which opened ``pool`` and was killed held."""
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        [
+            sys.executable,
+            "-c",
+            "import sys, kvcache; p = kvcache.open(sys.argv[1]); print(p._slot, p._serial, "
+            "flush=True); sys.stdin.read()",
+            pool.name,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    start = start_time(child.pid)
-    assert child.stdin is not None
-    child.stdin.close()
-    child.wait()
-    return child.pid, start
+    assert child.stdout is not None
+    slot, serial = map(int, child.stdout.readline().split())
+    assert pool._procs.is_live(slot, serial)
+    child.kill()
+    child.communicate(timeout=20)
+    return slot, serial
+
+
+def _set_owner(pool: kvcache.Pool, eid: int, owner: tuple[int, int]) -> None:
+    _set(pool, eid, "owner_slot", owner[0])
+    _set(pool, eid, "owner_serial", owner[1])
 
 
 def test_half_written_by_a_dead_process(pool: kvcache.Pool, stored: Stored) -> None:
     eid = _eid(pool, "b")
-    pid, start = _dead_pid()
+    owner = _dead_writer(pool)
     _set(pool, eid, "state", WRITING)
-    _set(pool, eid, "owner_pid", pid)
-    _set(pool, eid, "owner_start", start)
+    _set_owner(pool, eid, owner)
     _assert_repaired(pool, stored, "which died", dropped=("b",))
 
 
@@ -284,17 +299,33 @@ def test_half_written_by_a_live_process_is_kept(pool: kvcache.Pool, stored: Stor
         "first_page": first,
         "last_page": last,
         "num_pages": 2,
-        "owner_pid": pool._me[0],
-        "owner_start": pool._me[1],
     }
     for field, value in fields.items():
         _set(pool, eid, field, value)
+    _set_owner(pool, eid, (pool._slot, pool._serial))
     assert pool.check() == []
     assert pool.check(repair=True) == []
     assert _field(pool, eid, "state") == WRITING
-    pid, start = _dead_pid()
-    _set(pool, eid, "owner_pid", pid)
-    _set(pool, eid, "owner_start", start)
+    _set_owner(pool, eid, _dead_writer(pool))
+    _assert_repaired(pool, stored, "which died")
+
+
+def test_half_written_by_an_earlier_holder_of_a_live_slot(
+    pool: kvcache.Pool, stored: Stored
+) -> None:
+    """The writer's slot is held again, by someone else: the writer is still dead."""
+    eid = pool._entries.claim()
+    first, last = pool._allocator.allocate(1)
+    for field, value in {
+        "state": WRITING,
+        "key_len": 3,
+        "value_len": 100,
+        "first_page": first,
+        "last_page": last,
+        "num_pages": 1,
+    }.items():
+        _set(pool, eid, field, value)
+    _set_owner(pool, eid, (pool._slot, pool._serial - 1))
     _assert_repaired(pool, stored, "which died")
 
 

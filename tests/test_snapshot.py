@@ -754,9 +754,7 @@ def test_a_live_writers_temporary_file_is_left_alone(make_pool, tmp_path):
     pool = make_pool("1M")
     pool.put("a", b"1")
     target = tmp_path / "pool.kvsnap"
-    live = (
-        tmp_path / f".{target.name}.{os.getpid()}-{kvcache.procs.start_time(os.getpid())}.abc.tmp"
-    )
+    live = tmp_path / f".{target.name}.{os.getpid()}-{kvcache.procs.me().start}.abc.tmp"
     live.write_bytes(b"in progress")
     dead = tmp_path / f".{target.name}.999999999-1.abc.tmp"
     dead.write_bytes(b"abandoned")

@@ -28,14 +28,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import kvcache
-from kvcache import SnapshotError
+from kvcache import SnapshotError, transfer
 from kvcache.config import PoolConfig
 from kvcache.snapshot.format import (
     HEADER_BYTES,
     HEADER_DTYPE,
     RECORD_DTYPE,
     encode_header,
-    entry_checksum,
 )
 
 SHM = Path(os.environ.get("KVCACHE_SHM_DIR", "/dev/shm"))
@@ -365,7 +364,7 @@ def crafted(entries: list[dict[str, int]], data: bytes, **config_fields: object)
             record[name] = value
         offset, length = int(record["offset"]), int(record["key_len"]) + int(record["value_len"])
         if offset >= 0 and offset + length <= len(data):
-            record["checksum"] = entry_checksum([data[offset : offset + length]])
+            record["checksum"] = transfer.checksum([data[offset : offset + length]])
     header = bytearray(encode_header("crafted", config, 0.0, 10, records, len(data)))
     for name, value in config_fields.items():  # break the config, then re-seal the header
         offset, size = HEADER_DTYPE.fields[name][1], HEADER_DTYPE.fields[name][0].itemsize  # type: ignore[index]

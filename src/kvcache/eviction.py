@@ -25,7 +25,7 @@ from .errors import InvalidArgument, PoolFullError
 from .layout import ENTRY_WORDS, READY, WRITING, E, H, Views
 from .lock import PoolLock
 from .policies import Policy, ScoreContext, choose_victims, rank_victims
-from .procs import is_alive
+from .procs import ProcessTable
 from .reports import EvictionResult
 from .units import parse_size
 
@@ -48,6 +48,7 @@ class EvictionMixin:
     _allocator: PageAllocator
     _entries: EntryTable
     _policy: Policy
+    _procs: ProcessTable
     _lock: PoolLock
     _page_size: int
     _rng: np.random.Generator
@@ -189,7 +190,8 @@ class EvictionMixin:
         reclaimed = 0
         for eid in np.flatnonzero(records["state"] == WRITING).tolist():
             base = eid * ENTRY_WORDS
-            if not is_alive(self._eq[base + E.owner_pid], self._eq[base + E.owner_start]):
+            owner = self._eq[base + E.owner_slot], self._eq[base + E.owner_serial]
+            if not self._procs.is_live(*owner):
                 self._free_entry(eid)
                 reclaimed += 1
         return reclaimed

@@ -6,9 +6,11 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               | header (4 KiB)              |  magic, version, geometry, config,
               |                             |  lock/dirty state, clock, counters
               +-----------------------------+
-              | process table               |  max_processes x (pid, start time)
+              | process table               |  max_processes x (serial, pid, start
+              |                             |  time, pid namespace); each slot's
+              |                             |  first byte carries its holder's lease
               +-----------------------------+
-              | entry table                 |  max_entries x 160-byte records
+              | entry table                 |  max_entries x 184-byte records
               +-----------------------------+
               | live list                   |  max_entries x int64: dense ids of
               |                             |  READY entries (eviction samples it)
@@ -43,7 +45,8 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: entries name their writer by process slot (not pid), carry a checksum and wall times."""
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
@@ -89,6 +92,7 @@ HEADER_DTYPE = np.dtype(
         ("evictions", "<i8"),
         ("expirations", "<i8"),
         ("repairs", "<i8"),
+        ("damaged", "<i8"),  # entries dropped because their bytes no longer matched their sum
     ]
 )
 
@@ -107,17 +111,27 @@ ENTRY_DTYPE = np.dtype(
         ("num_pages", "<i8"),
         ("last_access", "<i8"),  # logical clock
         ("created", "<i8"),  # logical clock at insert
+        ("accessed_at", "<f8"),  # wall clock of the last put or hit (for people, not policies)
+        ("created_at", "<f8"),  # wall clock at insert
         ("freq", "<f8"),  # access count decayed to last_access (LFU)
         ("expires_at", "<f8"),  # wall clock, inf = never
         ("priority", "<i8"),
-        ("owner_pid", "<i8"),  # writer, while WRITING
-        ("owner_start", "<i8"),  # writer's start time (guards against pid reuse)
+        ("owner_slot", "<i8"),  # writer's process slot, while WRITING
+        ("owner_serial", "<i8"),  # that slot's serial then (a later holder is not the writer)
+        ("checksum", "<i8"),  # xxh3-64 of key | value header | payload, set at publish
         ("live_pos", "<i8"),  # position in the live list, while READY
         ("next_free", "<i8"),  # next free entry id + 1, while FREE
     ]
 )
 
-PROC_DTYPE = np.dtype([("pid", "<i8"), ("start", "<i8")])
+PROC_DTYPE = np.dtype(
+    [
+        ("serial", "<i8"),  # bumped by each new holder of the slot
+        ("pid", "<i8"),  # for display only: as seen in the holder's own PID namespace
+        ("start", "<i8"),  # the holder's start time (clock ticks since boot), for display
+        ("pid_ns", "<i8"),  # inode of the holder's PID namespace, 0 = slot unused
+    ]
+)
 
 FREE, WRITING, READY = 0, 1, 2
 KEY_IS_STR = 1  # entry flags

@@ -11,8 +11,12 @@ The header's ``dirty`` word is set for as long as the lock is held. Finding it
 set on entry means the previous holder died mid-mutation; the lock then calls
 ``repair`` before handing over.
 
-After ``fork`` the child shares the parent's file description, and so its
-``flock``: ``reopen_after_fork`` gives the child a description of its own.
+The lock's description is opened from the mapped descriptor
+(``/proc/self/fd/N``), never from the path: the name may by then belong to
+another pool (destroyed and created again, or replaced by a restore), and a
+lock on that file would exclude no one who maps this one. After ``fork`` the
+child shares the parent's description, and so its ``flock``:
+``reopen_after_fork`` gives the child a description of its own, the same way.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import fcntl
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 
+from . import leases
 from .errors import KVCacheError, PoolClosedError
 from .layout import H
 
@@ -31,17 +35,18 @@ from .layout import H
 class PoolLock:
     """Mutual exclusion over one segment, with crash detection through ``dirty``."""
 
-    def __init__(self, path: Path, header_q: memoryview, repair: Callable[[], None]) -> None:
-        self._path = path
+    def __init__(self, mapped_fd: int, header_q: memoryview, repair: Callable[[], None]) -> None:
+        self._mapped_fd = mapped_fd
         self._header_q = header_q
         self._repair = repair
         self._thread_lock = threading.Lock()
-        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        self.fd = leases.reopen(mapped_fd)
+        """The lock's own description; it also holds this holder's process-slot lease."""
 
     def __enter__(self) -> PoolLock:
         self._thread_lock.acquire()
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
             raise
@@ -69,22 +74,19 @@ class PoolLock:
         self._unlock()
 
     def _unlock(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
         self._thread_lock.release()
 
     def reopen_after_fork(self) -> None:
         """In a forked child: own a fresh description and a fresh thread lock."""
         self._thread_lock = threading.Lock()
-        try:
-            fresh = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            return  # the pool was destroyed; this process can only close it
-        os.close(self._fd)
-        self._fd = fresh
+        fresh = leases.reopen(self._mapped_fd)
+        os.close(self.fd)  # the parent's description, and its flock, live on in the parent
+        self.fd = fresh
 
     def close(self) -> None:
         """Release the descriptor (never while held)."""
-        os.close(self._fd)
+        os.close(self.fd)
 
 
 class ClosedLock:

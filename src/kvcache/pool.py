@@ -36,6 +36,7 @@ from .entries import EntryTable
 from .errors import (
     CorruptPoolError,
     InvalidArgument,
+    PoolFullError,
     ValueTooLargeError,
 )
 from .eviction import EvictionMixin
@@ -98,6 +99,10 @@ def _hash(key: bytes) -> tuple[int, int]:
     return _HASH_HALVES.unpack(xxhash.xxh3_128_digest(key))  # type: ignore[return-value]
 
 
+def _intact(views: list[memoryview], checksum_word: int) -> bool:
+    return transfer.checksum(views) == transfer.from_word(checksum_word)
+
+
 class Pool(EvictionMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
@@ -112,10 +117,12 @@ class Pool(EvictionMixin):
         config: PoolConfig,
         geometry: Geometry,
         *,
+        verify_reads: bool = False,
         clock: Callable[[], float] = time.time,
         rng: np.random.Generator | None = None,
     ) -> None:
         self.name = seg.name
+        self.verify_reads = verify_reads
         self.config = config
         self._segment = seg
         self._closed = False
@@ -134,12 +141,16 @@ class Pool(EvictionMixin):
         )
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
-        self._procs = ProcessTable(views.procs)
-        self._lock = PoolLock(seg.path, self._hq, self._repair_after_crash)
-        self._me = me()
-        with self._lock:
-            self._procs.attach(*self._me)
-            self._reclaim_dead_writers()
+        self._lock = PoolLock(seg.fd, self._hq, self._repair_after_crash)
+        # The slot's lease is held through the lock's own description (see procs).
+        self._procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
+        try:
+            self._slot, self._serial = self._procs.claim(self._lock.fd)
+            with self._lock:
+                self._reclaim_dead_writers()
+        except BaseException:
+            self._lock.close()
+            raise
         _open_pools.add(self)
 
     # ----------------------------------------------------------------- writes
@@ -177,10 +188,13 @@ class Pool(EvictionMixin):
                 f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
             )
         pieces = (key_bytes, encoded.header, encoded.payload)
+        # Summed from the caller's bytes before the lock is taken, so no lock hold
+        # grows by it; the pages then hold exactly these bytes.
+        checksum = transfer.checksum([key_bytes, encoded.header, encoded.payload])
 
-        def fill(targets: list[memoryview]) -> bool:
+        def fill(targets: list[memoryview]) -> int:
             transfer.scatter(targets, pieces)
-            return True
+            return checksum
 
         self._store(
             key_bytes,
@@ -307,9 +321,19 @@ class Pool(EvictionMixin):
             h = self._hq
             counters = {
                 name: h[getattr(H, name)]
-                for name in ("hits", "misses", "puts", "evictions", "expirations", "repairs")
+                for name in (
+                    "hits",
+                    "misses",
+                    "puts",
+                    "evictions",
+                    "expirations",
+                    "repairs",
+                    "damaged",
+                )
             }
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
+        attached = self._procs.live()
+        here = me().pid_ns
         return PoolStats(
             name=self.name,
             policy=self.config.policy,
@@ -319,23 +343,54 @@ class Pool(EvictionMixin):
             page_size_bytes=self._page_size,
             num_entries=num_live,
             max_entries=self.config.max_entries,
-            attached=tuple(self._procs.live_pids()),
+            attached=tuple(who.pid for who in attached if who.pid_ns == here),
+            num_attached=len(attached),
             **counters,
         )
 
     def check(self, repair: bool = False) -> list[str]:
-        """Recount every invariant; return what is wrong ([] when consistent).
+        """Recount every invariant and every entry's checksum; return what is wrong.
 
-        With ``repair=True`` the derived structures (free list, index, live
-        list, counters) are rebuilt from the entry table, dropping entries that
-        are half-written by dead processes or that point outside the pool.
+        An empty list means consistent. With ``repair=True`` the derived
+        structures (free list, index, live list, counters) are rebuilt from the
+        entry table, dropping entries that are half-written by dead processes or
+        that point outside the pool, and entries whose bytes no longer match
+        their checksum are removed.
+
+        Entries are summed one at a time without the lock (the lock is taken
+        only to find each one and to confirm it did not change meanwhile), so
+        a check of a large pool never stalls the processes using it.
         """
         with self._lock:
-            problems = recovery.find_problems(self._recovery_parts())
+            problems, sound = recovery.inspect(self._recovery_parts())
             if repair and problems:
                 recovery.rebuild(self._recovery_parts())
                 self._hq[H.repairs] += 1
-            return problems
+        for eid in sound:
+            damaged = self._verify_entry(eid, remove=repair)
+            if damaged is not None:
+                problems.append(
+                    f"entry {eid} (key {damaged!r}): its bytes do not match their checksum"
+                )
+        return problems
+
+    def _verify_entry(self, eid: int, *, remove: bool) -> Key | None:
+        """The key of READY entry ``eid`` if its bytes fail their checksum (removed if asked)."""
+        base = eid * ENTRY_WORDS
+        with self._lock:
+            if self._eq[base + E.state] != READY:
+                return None  # gone since the ids were read
+            generation, expected = self._eq[base + E.generation], self._eq[base + E.checksum]
+            views = self._entry_slices(eid)
+        if _intact(views, expected):
+            return None
+        with self._lock:
+            if self._eq[base + E.generation] != generation:
+                return None  # replaced or removed meanwhile: what was summed is no more
+            key = self._key_of(eid)
+            if remove:
+                self._drop_damaged(eid)
+            return key
 
     def persist(
         self,
@@ -360,8 +415,8 @@ class Pool(EvictionMixin):
         self._closed = True
         _open_pools.discard(self)
         try:
-            with self._lock:
-                self._procs.detach(*self._me)
+            if self._slot >= 0:
+                self._procs.leave(self._lock.fd, self._slot)
         finally:
             self._lock.close()
             self._lock = ClosedLock(self.name)  # type: ignore[assignment]
@@ -386,8 +441,17 @@ class Pool(EvictionMixin):
         return f"<kvcache.Pool {self.name!r} {self.config.policy} {state}>"
 
     def _after_fork(self) -> None:
+        """In a forked child: own a lock description and a process slot of its own.
+
+        The inherited description is the parent's: through it the child would
+        share the parent's flock (no exclusion between the two) and its slot's
+        lease (the parent's entries would look alive while the child runs).
+        """
         self._lock.reopen_after_fork()
-        self._me = me()
+        try:
+            self._slot, self._serial = self._procs.claim(self._lock.fd)
+        except PoolFullError:
+            self._slot = -1  # reads still work; _reserve refuses writes with the reason
 
     # ------------------------------------ the two copy protocols (they take the lock)
 
@@ -396,7 +460,9 @@ class Pool(EvictionMixin):
 
         Small values are copied under the lock. Larger ones are copied without
         it and kept only if the entry's generation did not change meanwhile
-        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss.
+        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. With
+        ``verify_reads`` the entry's bytes are summed too (outside the lock for
+        large values): a mismatch drops the entry and is a miss.
         """
         key_bytes, _ = _key_bytes(key)
         for attempt in range(READ_ATTEMPTS):
@@ -405,12 +471,21 @@ class Pool(EvictionMixin):
                 if eid < 0:
                     return None
                 header, payload, generation = self._value_views(eid)
+                checked = self._entry_slices(eid) if self.verify_reads else None
+                expected = self._eq[eid * ENTRY_WORDS + E.checksum]
                 if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
+                    if checked is not None and not _intact(checked, expected):
+                        self._drop_damaged(eid)
+                        return None
                     return copy(header, payload)
             copied = copy(header, payload)
+            intact = checked is None or _intact(checked, expected)
             with self._lock:
                 if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
-                    return copied
+                    if intact:
+                        return copied
+                    self._drop_damaged(eid)
+                    return None
         return None
 
     def _store(
@@ -421,12 +496,15 @@ class Pool(EvictionMixin):
         value_len: int,
         priority: int,
         expires_at: float,
-        fill: Callable[[list[memoryview]], bool],
+        fill: Callable[[list[memoryview]], int | None],
         *,
         history: History | None = None,
         under_lock: bool = False,
     ) -> bool:
         """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused.
+
+        ``fill`` returns the checksum of what it wrote (``transfer.checksum``),
+        or None to refuse the entry.
 
         With ``under_lock`` (small values) it all happens in one lock hold.
         Otherwise the entry waits in state WRITING, invisible to readers and
@@ -442,13 +520,13 @@ class Pool(EvictionMixin):
             targets = self._entry_slices(eid)
             if under_lock:
                 try:
-                    accepted = fill(targets)
+                    checksum = fill(targets)
                 except BaseException:
                     self._free_entry(eid)
                     raise
-                return self._finish(eid, accepted, history)
+                return self._finish(eid, checksum, history)
         try:
-            accepted = fill(targets)
+            checksum = fill(targets)
         except BaseException:
             with self._lock:
                 if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
@@ -460,14 +538,15 @@ class Pool(EvictionMixin):
                     f"an entry of pool '{self.name}' was reclaimed while this live process "
                     "wrote it: run cortex cache health --repair"
                 )
-            return self._finish(eid, accepted, history)
+            return self._finish(eid, checksum, history)
 
-    def _finish(self, eid: int, accepted: bool, history: History | None) -> bool:
-        if accepted:
-            self._publish(eid, history)
-        else:
+    def _finish(self, eid: int, checksum: int | None, history: History | None) -> bool:
+        if checksum is None:
             self._free_entry(eid)
-        return accepted
+            return False
+        self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
+        self._publish(eid, history)
+        return True
 
     # ------------------------------------------- internals (lock held by caller)
 
@@ -510,6 +589,7 @@ class Pool(EvictionMixin):
         idle = clock - q[base + E.last_access]
         d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
         q[base + E.last_access] = clock
+        d[base + E.accessed_at] = self._clock()
         return eid
 
     def _value_views(self, eid: int) -> tuple[bytes, list[memoryview], int]:
@@ -552,6 +632,12 @@ class Pool(EvictionMixin):
         expires_at: float,
     ) -> int:
         """Make room, then take pages and an entry slot in state WRITING; return its id."""
+        if self._slot < 0:
+            raise PoolFullError(
+                f"this process was forked while all {self.config.max_processes} process slots "
+                f"of pool '{self.name}' were taken, so it may read but not write: "
+                f"kvcache.open('{self.name}') again once others have closed it"
+            )
         self._make_room(num_pages)
         first, last = self._allocator.allocate(num_pages)
         eid = self._entries.claim()
@@ -568,7 +654,7 @@ class Pool(EvictionMixin):
         q[base + E.num_pages] = num_pages
         q[base + E.priority] = priority
         d[base + E.expires_at] = expires_at
-        q[base + E.owner_pid], q[base + E.owner_start] = self._me
+        q[base + E.owner_slot], q[base + E.owner_serial] = self._slot, self._serial
         q[base + E.state] = WRITING
         return eid
 
@@ -589,6 +675,7 @@ class Pool(EvictionMixin):
         q[base + E.created] = created
         q[base + E.last_access] = last_access
         d[base + E.freq] = freq
+        d[base + E.created_at] = d[base + E.accessed_at] = self._clock()
         q[base + E.state] = READY
         q[base + E.generation] += 1
         self._index.insert(eid, lo)
@@ -597,6 +684,11 @@ class Pool(EvictionMixin):
         expires_at = d[base + E.expires_at]
         if expires_at < self._hd[H.next_expiry_at]:
             self._hd[H.next_expiry_at] = expires_at
+
+    def _drop_damaged(self, eid: int) -> None:
+        """Remove a READY entry whose bytes no longer match their checksum."""
+        self._remove(eid)
+        self._hq[H.damaged] += 1
 
     def _remove(self, eid: int) -> None:
         """Unindex a READY entry and free its pages and slot."""
@@ -636,7 +728,7 @@ class Pool(EvictionMixin):
             self._hq[H.clock] = clock
 
     def _recovery_parts(self) -> recovery.Parts:
-        return recovery.Parts(self._views, self._allocator, self._entries, self._index)
+        return recovery.Parts(self._views, self._allocator, self._entries, self._index, self._procs)
 
     def _repair_after_crash(self) -> None:
         recovery.rebuild(self._recovery_parts())
@@ -666,6 +758,7 @@ def create(
     lfu_half_life: int | None = None,
     prealloc: bool = False,
     mode: int = 0o600,
+    verify_reads: bool = False,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -680,6 +773,7 @@ def create(
         lfu_half_life: clock ticks after which an idle LFU count halves.
         prealloc: reserve all memory now rather than as pages are first used.
         mode: file permissions; ``0o600`` keeps the pool private to its user.
+        verify_reads: this handle checks every value read (see :func:`open`).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
@@ -697,7 +791,15 @@ def create(
         eviction_samples=eviction_samples,
         lfu_half_life=lfu_half_life,
     )
-    return create_from_config(name, config, mode=mode, prealloc=prealloc, clock=clock, rng=rng)
+    return create_from_config(
+        name,
+        config,
+        mode=mode,
+        prealloc=prealloc,
+        verify_reads=verify_reads,
+        clock=clock,
+        rng=rng,
+    )
 
 
 def create_from_config(
@@ -706,6 +808,7 @@ def create_from_config(
     *,
     mode: int = 0o600,
     prealloc: bool = False,
+    verify_reads: bool = False,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
@@ -724,7 +827,7 @@ def create_from_config(
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
     seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden)
     try:
-        return Pool(seg, config, geometry, clock=clock, rng=rng)
+        return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
     except BaseException:
         seg.close()
         if hidden:
@@ -735,10 +838,17 @@ def create_from_config(
 def open(
     name: str,
     *,
+    verify_reads: bool = False,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
     """Open the existing pool ``name`` (created by any process).
+
+    Args:
+        verify_reads: check each value read against the checksum written with
+            it; a damaged entry is dropped and read as a miss (costs a hash of
+            every value read, see the README's figures).
+        clock, rng: injectable time and randomness (tests).
 
     Raises:
         PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
@@ -746,7 +856,7 @@ def open(
     seg = segment.attach(name)
     try:
         config, geometry = read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
-        return Pool(seg, config, geometry, clock=clock, rng=rng)
+        return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
     except BaseException:
         seg.close()
         raise

@@ -1,107 +1,146 @@
-"""Process identity and liveness, robust to pid reuse.
+"""The attached-process table: who has a pool open, judged alive by the kernel.
 
-A process is identified by its pid and its start time (clock ticks since boot,
-from ``/proc/<pid>/stat``), so a recycled pid is never mistaken for the
-process that died. Liveness is what crash recovery asks of the owner of a
-half-written entry, and what ``stats().attached`` reports.
+Every open ``Pool`` holds one slot of the table. It owns the slot by holding
+the slot's lease (an OFD lock on the slot's first byte, see ``leases``)
+through a file description of its own, and the kernel drops the lease when
+the process dies, in whatever PID namespace it ran. So a slot's holder is
+alive exactly while its lease is held; nothing else is trusted.
+
+The lease is held through the same description as the pool lock's ``flock``.
+When a description is closed the kernel removes its OFD locks before its
+flock (``locks_remove_file``), so a process that takes the pool lock after
+its holder died always finds that holder's lease gone, and the repair it
+runs drops the dead holder's half-written entries at once. Leases are probed
+through another description (a lock's own holder never conflicts with it). Pids and
+start times are kept beside it for people only (``cortex cache status``):
+a pid from another namespace means nothing, or another process, here.
+
+A slot's ``serial`` is bumped by each new holder, so a record that names its
+writer as (slot, serial) is never mistaken for the work of a later holder of
+the same slot. Claiming needs no pool lock: the kernel grants a lease to one
+claimant only, and only the holder writes its slot.
+
+Slot layout (``layout.PROC_DTYPE``, 32 bytes)::
+
+    +--------+--------+--------+--------+
+    | serial |  pid   | start  | pid_ns |   lease: byte 0 of the slot
+    +--------+--------+--------+--------+
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
+from . import leases
 from .errors import PoolFullError
+from .layout import PROC_DTYPE
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """Fields 3.. of ``/proc/<pid>/stat`` (state first), or None if there is no such process."""
+@dataclass(frozen=True)
+class Identity:
+    """How a process shows itself in the table (display only, never for liveness)."""
+
+    pid: int
+    start: int  # clock ticks since boot (field 22 of /proc/<pid>/stat)
+    pid_ns: int  # inode of its PID namespace
+
+
+def _start_time(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return None
+        return 0
     # The command name (field 2) may itself contain spaces and ')'.
-    return stat[stat.rindex(b")") + 2 :].split()
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
-def start_time(pid: int) -> int:
-    """Start time of ``pid`` in clock ticks since boot (field 22), or -1 if it does not exist."""
-    fields = _stat_fields(pid)
-    return -1 if fields is None else int(fields[19])
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 1  # no /proc: one namespace as far as anyone here can tell
 
 
-_me: tuple[int, int] = (-1, -1)
+_me: Identity | None = None
 
 
-def me() -> tuple[int, int]:
-    """This process's (pid, start time), refreshed after ``fork``."""
+def me() -> Identity:
+    """This process's identity, refreshed after ``fork``."""
     global _me
     pid = os.getpid()
-    if _me[0] != pid:
-        _me = (pid, start_time(pid))
+    if _me is None or _me.pid != pid:
+        _me = Identity(pid, _start_time(pid), _pid_namespace())
     return _me
 
 
-_PF_EXITING = 0x4
-"""Kernel task flag (stat field 9), set as soon as a process starts to exit: it
-closes its files (dropping its ``flock``) before it becomes a zombie, so the next
-lock holder can see a dying holder still in state R."""
-
-
-def is_alive(pid: int, start: int) -> bool:
-    """Whether the process that had ``pid`` and ``start`` still runs (exiting or zombie: dead)."""
-    fields = _stat_fields(pid) if pid > 0 else None
-    return (
-        fields is not None
-        and fields[0] not in (b"Z", b"X")
-        and not int(fields[6]) & _PF_EXITING
-        and int(fields[19]) == start
-    )
-
-
 class ProcessTable:
-    """The attached processes, a (pid, start) pair per slot in the segment."""
+    """The slots of one segment's process table.
 
-    def __init__(self, table: np.ndarray) -> None:
+    Args:
+        table: the numpy view of the table in the mapping.
+        offset: where the table starts in the segment file.
+        probe_fd: a description of the segment that never holds a slot's lease,
+            through which the leases of others are tested.
+    """
+
+    def __init__(self, table: np.ndarray, offset: int, probe_fd: int) -> None:
         self._table = table
+        self._offset = offset
+        self._probe_fd = probe_fd
 
-    def attach(self, pid: int, start: int) -> None:
-        """Record a process, pruning dead ones to make room.
+    def _lease_byte(self, slot: int) -> int:
+        return self._offset + slot * PROC_DTYPE.itemsize
+
+    def claim(self, holder_fd: int) -> tuple[int, int]:
+        """Take a free slot through ``holder_fd`` (a description of the caller's own).
+
+        Returns:
+            (slot, serial): how this holder's records name it.
 
         Raises:
-            PoolFullError: every slot holds a live process.
+            PoolFullError: every slot is held by a live process.
         """
-        self.prune()
-        free = np.flatnonzero(self._table["pid"] == 0)
-        if not free.size:
-            raise PoolFullError(
-                f"{len(self._table)} live processes already use this pool: close some "
-                "or recreate the pool with a larger max_processes"
-            )
-        self._table[free[0]] = (pid, start)
-
-    def detach(self, pid: int, start: int) -> None:
-        """Forget one attachment of a process (it may hold the pool open more than once)."""
         table = self._table
-        mine = np.flatnonzero((table["pid"] == pid) & (table["start"] == start))
-        if mine.size:
-            table[mine[0]] = (0, 0)
-
-    def prune(self) -> None:
-        """Forget processes that are no longer running."""
-        for slot in np.flatnonzero(self._table["pid"] != 0):
-            pid, start = (int(x) for x in self._table[slot])
-            if not is_alive(pid, start):
-                self._table[slot] = (0, 0)
-
-    def live_pids(self) -> list[int]:
-        """Pids of attached processes that are still running, sorted, each once."""
-        return sorted(
-            {
-                int(pid)
-                for pid, start in self._table[self._table["pid"] != 0]
-                if is_alive(int(pid), int(start))
-            }
+        # Slots cleared by a clean close first, then those of processes that died.
+        order = np.argsort(table["pid_ns"] != 0, kind="stable")
+        for slot in order.tolist():
+            if leases.try_hold(holder_fd, self._lease_byte(slot)):
+                serial = int(table["serial"][slot]) + 1
+                who = me()
+                table[slot] = (serial, who.pid, who.start, who.pid_ns)
+                return slot, serial
+        raise PoolFullError(
+            f"{len(table)} live processes already use this pool: close some "
+            "or recreate the pool with a larger max_processes"
         )
+
+    def pid_of(self, slot: int) -> int:
+        """The pid its last holder gave (display only: in that holder's PID namespace)."""
+        return int(self._table["pid"][slot]) if 0 <= slot < len(self._table) else 0
+
+    def leave(self, holder_fd: int, slot: int) -> None:
+        """Clear a slot this holder owns and give up its lease."""
+        self._table[slot] = (self._table["serial"][slot], 0, 0, 0)
+        leases.release(holder_fd, self._lease_byte(slot))
+
+    def is_live(self, slot: int, serial: int) -> bool:
+        """Whether the holder that took ``slot`` as ``serial`` still runs."""
+        return (
+            0 <= slot < len(self._table)
+            and int(self._table["serial"][slot]) == serial
+            and leases.is_held(self._probe_fd, self._lease_byte(slot))
+        )
+
+    def live(self) -> list[Identity]:
+        """Identities of the live holders, each process once, sorted by pid."""
+        table = self._table
+        found = {
+            Identity(int(table["pid"][slot]), int(table["start"][slot]), int(table["pid_ns"][slot]))
+            for slot in np.flatnonzero(table["pid_ns"] != 0).tolist()
+            if leases.is_held(self._probe_fd, self._lease_byte(slot))
+        }
+        return sorted(found, key=lambda who: (who.pid_ns, who.pid))

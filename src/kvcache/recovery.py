@@ -26,7 +26,7 @@ from .entries import EntryTable
 from .errors import CorruptPoolError
 from .index import HashIndex
 from .layout import ENTRY_WORDS, NO_PAGE, READY, WRITING, E, H, Views
-from .procs import is_alive
+from .procs import ProcessTable
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Parts:
     allocator: PageAllocator
     entries: EntryTable
     index: HashIndex
+    procs: ProcessTable
 
 
 @dataclass
@@ -83,9 +84,9 @@ def _entry_problem(parts: Parts, eid: int, newest: bool, owned: np.ndarray) -> s
     q, base = parts.views.entries_q, eid * ENTRY_WORDS
     page_size = parts.views.geometry.page_size_bytes
     if q[base + E.state] == WRITING:
-        pid = q[base + E.owner_pid]
-        if not is_alive(pid, q[base + E.owner_start]):
-            return f"half-written by process {pid}, which died"
+        slot = q[base + E.owner_slot]
+        if not parts.procs.is_live(slot, q[base + E.owner_serial]):
+            return f"half-written by process {parts.procs.pid_of(slot)}, which died"
     elif not newest:
         return "an older duplicate of a key stored again"
     lengths = (q[base + E.key_len], q[base + E.header_len], q[base + E.value_len])
@@ -115,6 +116,12 @@ def _entry_problem(parts: Parts, eid: int, newest: bool, owned: np.ndarray) -> s
 
 def find_problems(parts: Parts) -> list[str]:
     """Every way the pool's derived structures disagree with its entry table."""
+    return inspect(parts)[0]
+
+
+def inspect(parts: Parts) -> tuple[list[str], list[int]]:
+    """``find_problems``, and the ids of the READY entries found sound (whose bytes
+    ``Pool.check`` then verifies against their checksums)."""
     v, h = parts.views, parts.views.header_q
     survey = _survey(parts)
     problems = survey.problems
@@ -156,7 +163,7 @@ def find_problems(parts: Parts) -> list[str]:
     unused = set(np.flatnonzero(~survey.keep[:used]).tolist())
     if _walk_free_entries(v, len(unused)) != unused:
         problems.append(f"free entry chain does not match the {len(unused)} unused entry slots")
-    return problems
+    return problems, survey.ready
 
 
 def _walk_free_list(v: Views, expected: int) -> set[int]:

@@ -29,7 +29,9 @@ class PoolStats:
     evictions: int
     expirations: int
     repairs: int
-    attached: tuple[int, ...]  # pids of live processes that have the pool open
+    damaged: int  # entries dropped because their bytes no longer matched their checksum
+    attached: tuple[int, ...]  # pids of live processes with the pool open, in this PID namespace
+    num_attached: int  # live processes with the pool open, in every PID namespace
 
     @property
     def hit_rate(self) -> float:
@@ -68,7 +70,9 @@ class EntryInfo:
     is_array: bool
     priority: int
     expires_at: float | None  # wall clock, None = never
-    last_access: int  # logical clock
+    accessed_at: float  # wall clock (Unix seconds) of the last put or hit
+    created_at: float  # wall clock of the put
+    last_access: int  # logical clock (what recency policies compare)
     created: int  # logical clock
     frequency: float  # LFU count as of last_access
 
@@ -83,6 +87,8 @@ class EntryInfo:
             is_array=bool(record["flags"] & VALUE_IS_ARRAY),
             priority=int(record["priority"]),
             expires_at=None if math.isinf(expires_at) else expires_at,
+            accessed_at=float(record["accessed_at"]),
+            created_at=float(record["created_at"]),
             last_access=int(record["last_access"]),
             created=int(record["created"]),
             frequency=float(record["freq"]),

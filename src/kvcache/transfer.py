@@ -9,7 +9,10 @@ a fresh pool) and never through an intermediate buffer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import xxhash
 
 from . import codec
 from .allocator import Run
@@ -73,3 +76,26 @@ def materialise(header: bytes, payload: list[memoryview]) -> bytes | np.ndarray:
     array = codec.new_array(header, sum(len(v) for v in payload))
     copy_into(codec.byte_view(array), payload)
     return array
+
+
+def checksum(views: Sequence[bytes | memoryview]) -> int:
+    """xxh3-64 of an entry's bytes (``key | value header | payload``), given in pieces.
+
+    The same sum guards an entry in the pool and in a snapshot, so persist
+    writes the pool's sum as it is and a damaged entry stays detectably damaged.
+    xxh3 runs at several times memcpy speed (see the README's figures).
+    """
+    digest = xxhash.xxh3_64()
+    for view in views:
+        digest.update(view)
+    return digest.intdigest()
+
+
+def as_word(value: int) -> int:
+    """An unsigned 64-bit value as the signed word a record field holds."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def from_word(word: int) -> int:
+    """The unsigned 64-bit value a record's signed word holds."""
+    return word & ((1 << 64) - 1)

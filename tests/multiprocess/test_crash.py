@@ -10,12 +10,8 @@ fails the test instead of hanging it.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -25,7 +21,6 @@ from workers import Children, audit, deadline, make_value, verify, wait_for_line
 
 import kvcache
 from kvcache.layout import H
-from kvcache.procs import is_alive, start_time
 
 ROUNDS = 10
 CHILDREN_PER_ROUND = 2
@@ -205,48 +200,13 @@ def test_writer_killed_mid_copy_is_reclaimed(make_pool, reclaim: str) -> None:
             assert pool.get("victim") == old
 
 
-_HOLD_FLOCK = """\
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-os.write(1, b"locked\\n")
-time.sleep(60)
-"""
-
-
-def test_regression_lock_holder_killed_looked_alive_to_the_next_holder(tmp_path) -> None:
-    """Bug: a SIGKILLed process drops its flock (closing its files) before it turns
-    zombie, so the next lock holder saw it in state R and ``is_alive`` said True:
-    its WRITING entries survived the repair and ``attached`` still listed it.
-    (Before the fix about 70% of these iterations saw the dead holder alive.)
-    """
-    path = tmp_path / "lockfile"
-    path.write_bytes(b"")
-    for _ in range(40):
-        holder = subprocess.Popen(
-            [sys.executable, "-S", "-c", _HOLD_FLOCK, str(path)], stdout=subprocess.PIPE
-        )
-        fd = os.open(path, os.O_RDWR)
-        try:
-            wait_for_line(holder, "locked", timeout=20)
-            start = start_time(holder.pid)
-            assert is_alive(holder.pid, start)
-            holder.kill()
-            with deadline(20):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # handed over as the holder dies
-            assert not is_alive(holder.pid, start)
-        finally:
-            os.close(fd)
-            holder.kill()
-            holder.wait(timeout=20)
-
-
 def test_writer_killed_under_the_lock_is_dropped_by_the_repair(make_pool) -> None:
     """A process killed under the lock with a WRITING entry of its own: the repair
     that the next (already waiting) holder runs must drop that entry at once.
 
-    Before the ``is_alive`` fix (see the regression test above) the dying holder
-    often still looked alive to that repair, which then kept its entry.
+    With pid-based liveness the dying holder often still looked alive to that
+    repair, which then kept its entry; with leases it cannot (see
+    ``test_procs.test_the_lease_is_gone_when_the_pool_lock_is_handed_over``).
     """
     pool = make_pool("2M", page_size="16K")  # 128 pages
     rng = np.random.default_rng(9)

@@ -9,6 +9,7 @@ import select
 import time
 
 import numpy as np
+import pytest
 from workers import Children, audit, hammer, make_value, sample_values, verify, wait_for_line
 
 import kvcache
@@ -81,12 +82,11 @@ def test_attached_lists_live_children_only(make_pool) -> None:
         assert killed.pid not in attached
         assert set(attached) == set(me)
 
-        # White-box: the dead pid's slot stays in the table until the next attach prunes it.
+        # White-box: a clean close clears its slot; a killed process's slot keeps its
+        # pid for display until reused, but its lease is gone, so it is not listed.
         procs = pool._views.procs
+        assert closer.pid not in procs["pid"]
         assert killed.pid in procs["pid"]
-        with kvcache.open(pool.name):
-            assert killed.pid not in procs["pid"]
-            assert closer.pid not in procs["pid"]
 
 
 def test_regression_zero_dim_array_came_back_as_1d(make_pool) -> None:
@@ -165,13 +165,18 @@ def test_pool_opened_before_fork_is_shared_concurrently(make_pool) -> None:
     assert pool.stats().used_bytes == live_bytes
 
 
-def test_forked_child_gets_a_lock_of_its_own(make_pool) -> None:
+@pytest.mark.parametrize("destroyed", [False, True])
+def test_forked_child_gets_a_lock_of_its_own(make_pool, destroyed: bool) -> None:
     """White-box: with the parent inside ``pool._lock``, the child's flock must not succeed.
 
     Without ``Pool._after_fork`` the child would share the parent's open file
-    description, and so its flock: both would "hold" the lock at once.
+    description, and so its flock: both would "hold" the lock at once. Regression
+    (``destroyed``): the child's description was reopened by path, which fails (or
+    finds another pool) once the pool is destroyed, and the child kept the parent's.
     """
     pool = make_pool("1M", page_size="16K")
+    if destroyed:
+        kvcache.destroy(pool.name)
     read_end, write_end = os.pipe()
     with pool._lock:
         pid = os.fork()
@@ -179,9 +184,9 @@ def test_forked_child_gets_a_lock_of_its_own(make_pool) -> None:
             code = 1
             try:
                 try:
-                    fcntl.flock(pool._lock._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(pool._lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     os.write(write_end, b"acquired ")
-                    fcntl.flock(pool._lock._fd, fcntl.LOCK_UN)
+                    fcntl.flock(pool._lock.fd, fcntl.LOCK_UN)
                 except BlockingIOError:
                     os.write(write_end, b"blocked ")
                 pool.put("child", b"waited")  # blocks until the parent lets go

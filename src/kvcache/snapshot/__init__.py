@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import segment
+from .. import segment, transfer
 from ..config import PoolConfig
 from ..errors import PoolExistsError, SnapshotError
 from ..layout import ENTRY_DTYPE
@@ -38,7 +38,6 @@ from .format import (
     check_records,
     decode_header,
     encode_header,
-    entry_checksum,
 )
 
 _RECORD_FIELDS_FROM_ENTRY = (
@@ -118,7 +117,6 @@ def persist(
         os.lseek(fd, HEADER_BYTES, os.SEEK_SET)
         kept: list[int] = []  # indexes into ids/entries, in file order
         offsets: list[int] = []
-        checksums: list[int] = []
         offset = 0
         for index, (eid, generation) in enumerate(
             zip(ids.tolist(), entries["generation"].tolist(), strict=True)
@@ -126,14 +124,12 @@ def persist(
             views = pool._entry_views(eid, generation)
             if views is None:
                 continue  # evicted or replaced since the table was read
-            checksum = entry_checksum(views)
             files.write_all(fd, views)
             if not pool._is_current(eid, generation):
                 os.lseek(fd, HEADER_BYTES + offset, os.SEEK_SET)  # overwrite it with the next
                 continue
             kept.append(index)
             offsets.append(offset)
-            checksums.append(checksum)
             offset += sum(v.nbytes for v in views)
             if progress:
                 progress(offset, total)
@@ -142,7 +138,9 @@ def persist(
         for name in _RECORD_FIELDS_FROM_ENTRY:
             records[name] = entries[name][kept]
         records["offset"] = offsets
-        records["checksum"] = np.array(checksums, dtype=np.uint64)
+        # The pool's own sums, not new ones: an entry damaged in memory after it
+        # was written stays detectably damaged in the file (restore skips it).
+        records["checksum"] = entries["checksum"][kept].view(np.uint64)
         os.pwrite(fd, records.tobytes(), HEADER_BYTES + offset)
         os.pwrite(fd, encode_header(pool.name, pool.config, created_at, clock, records, offset), 0)
 
@@ -289,8 +287,11 @@ def _load(
 
         def fill(
             views: list[memoryview], start: int = start, expected: int = int(record["checksum"])
-        ) -> bool:
-            return files.read_exactly(reader.fd, views, start) and entry_checksum(views) == expected
+        ) -> int | None:
+            if not files.read_exactly(reader.fd, views, start):
+                return None
+            checksum = transfer.checksum(views)
+            return checksum if checksum == expected else None
 
         history = (int(record["created"]), int(record["last_access"]), float(record["freq"]))
         restored = pool._store(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SnapshotError
-from ..procs import is_alive, me
+from ..procs import me
 
 SUFFIX = ".kvsnap"
 
@@ -53,7 +53,7 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
             f"cannot create folder {folder} ({exc.strerror}): pick another --path"
         ) from exc
     _remove_abandoned_temps(path)
-    pid, start = me()
+    pid, start = me().pid, me().start
     temp = folder / f".{path.name}.{pid}-{start}.{secrets.token_hex(6)}.tmp"
     try:
         fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
@@ -91,7 +91,7 @@ def _remove_abandoned_temps(path: Path) -> None:
     for temp in path.parent.glob(f".{glob.escape(path.name)}.*-*.*.tmp"):
         writer = temp.name[len(path.name) + 2 :].split(".", 1)[0]
         pid, _, start = writer.partition("-")
-        if pid.isdigit() and start.isdigit() and not is_alive(int(pid), int(start)):
+        if pid.isdigit() and start.isdigit() and not _is_alive(int(pid), int(start)):
             temp.unlink(missing_ok=True)
 
 
@@ -119,3 +119,12 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _is_alive(pid: int, start: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return int(stat[stat.rindex(b")") + 2 :].split()[19]) == start

@@ -206,11 +206,3 @@ def check_records(
     ):
         raise SnapshotError(f"{where} has entries that point outside its data: take a new snapshot")
     return records
-
-
-def entry_checksum(views: list[memoryview] | list[bytes]) -> int:
-    """xxh3-64 over an entry's bytes, given as consecutive pieces."""
-    digest = xxhash.xxh3_64()
-    for view in views:
-        digest.update(view)
-    return digest.intdigest()
