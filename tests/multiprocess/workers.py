@@ -290,9 +290,12 @@ class Children:
         self.script = script
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, command: str, **params: object) -> subprocess.Popen:
+    def start(
+        self, command: str, *, wrapper: tuple[str, ...] = (), **params: object
+    ) -> subprocess.Popen:
+        """Run ``command`` in a child, under ``wrapper`` (e.g. ``unshare ...``) if given."""
         proc = subprocess.Popen(
-            [sys.executable, str(self.script), command, json.dumps(params)],
+            [*wrapper, sys.executable, str(self.script), command, json.dumps(params)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -523,6 +526,33 @@ def cmd_die_mid_write(p: dict) -> dict:
     key = p["key"]
     pool.put(key, make_value(key, p["size"], np.random.default_rng(p["seed"])))
     return {"error": "survived its own SIGKILL"}
+
+
+def cmd_pause_mid_write(p: dict) -> dict:
+    """White-box: put a large value, stopping half-way through its copy until stdin says go.
+
+    The copy runs outside the lock (entry in state WRITING), which is exactly
+    when a process that wrongly judged this writer dead would reclaim its pages.
+    """
+    pool = kvcache.open(p["pool"])
+    original = kvcache.transfer.scatter
+
+    def scatter_with_a_pause(targets: list, pieces: tuple) -> None:
+        key, header, payload = pieces
+        half = len(payload) // 2
+        original(targets, (key, header, payload[:half]))
+        _say("copying")
+        sys.stdin.readline()
+        original(targets, (key, header, payload))
+
+    kvcache.transfer.scatter = scatter_with_a_pause
+    key = p["key"]
+    value = make_value(key, p["size"], np.random.default_rng(p["seed"]))
+    pool.put(key, value)
+    kvcache.transfer.scatter = original
+    problem = verify(key, pool.get(key))
+    pool.close()
+    return {"problem": problem}
 
 
 COMMANDS = {

@@ -1,0 +1,97 @@
+"""Entry checksums: bytes that no longer match what was written are found, never served.
+
+The damage is made for real, by writing into the pool's shared pages the way
+a stray writer (or the namespace bug that motivated this) would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache.pool import _hash
+
+Maker = Callable[..., kvcache.Pool]
+
+
+def _damage(pool: kvcache.Pool, key: str, at: int = -1) -> None:
+    """Flip one byte of ``key``'s payload in the shared pages (by default its last)."""
+    eid = pool._index.find(*_hash(key.encode()))
+    assert eid >= 0
+    _, payload, _ = pool._value_views(eid)
+    view = payload[0] if at >= 0 else payload[-1]
+    view[at] ^= 0xFF
+
+
+@pytest.mark.parametrize("size", [100, 200_000])  # copied under the lock, and outside it
+def test_check_finds_damaged_bytes_and_repair_removes_them(make_pool: Maker, size: int) -> None:
+    pool = make_pool("4M", page_size="4K")
+    pool.put("good", b"g" * size)
+    pool.put("bad", np.arange(size // 8, dtype=np.float64))
+    assert pool.check() == []
+    _damage(pool, "bad")
+    problems = pool.check()
+    assert len(problems) == 1 and "'bad'" in problems[0] and "checksum" in problems[0]
+    assert pool.check() == problems  # a check alone changes nothing
+    assert pool.check(repair=True) == problems
+    assert pool.check() == []
+    assert "bad" not in pool and pool.get("good") == b"g" * size
+    assert pool.stats().damaged == 1
+
+
+@pytest.mark.parametrize("size", [100, 200_000])
+def test_verify_reads_turns_damage_into_a_miss(make_pool: Maker, size: int) -> None:
+    pool = make_pool("4M", page_size="4K")
+    pool.put("k", b"v" * size)
+    _damage(pool, "k")
+    unchecked = pool.get("k")  # by default reads are not summed: the damage shows
+    assert unchecked is not None and unchecked != b"v" * size
+    with kvcache.open(pool.name, verify_reads=True) as checked:
+        assert checked.get("k") is None
+        assert checked.get_into("k", bytearray(size)) is None
+        stats = checked.stats()
+    assert stats.damaged == 1 and "k" not in pool
+    pool.put("k", b"v" * size)
+    with kvcache.open(pool.name, verify_reads=True) as checked:
+        assert checked.get("k") == b"v" * size  # sound entries read as usual
+
+
+def test_persist_keeps_the_pool_sums_so_restore_skips_damage(make_pool: Maker, tmp_path) -> None:
+    """Regression: persist summed the bytes as it found them, so a damaged entry
+    was written with a matching checksum and restored as if it were sound."""
+    pool = make_pool("4M", page_size="4K")
+    pool.put("good", b"g" * 5000)
+    pool.put("bad", b"b" * 5000)
+    _damage(pool, "bad", at=10)
+    path = pool.persist(tmp_path / "snap.kvsnap")
+    restored, report = kvcache.restore_with_report(pool.name + "-r", path)
+    try:
+        assert restored.get("good") == b"g" * 5000
+        assert restored.get("bad") is None
+        assert len(report.skipped) == 1 and "checksum" in report.skipped[0]
+        assert restored.check() == []
+    finally:
+        restored.close()
+        kvcache.destroy(pool.name + "-r")
+
+
+def test_a_value_changed_by_its_caller_during_a_put_is_caught(make_pool: Maker) -> None:
+    """The sum is taken from the caller's bytes before the copy: a buffer the caller
+    changes meanwhile (a racing thread) leaves an entry that check() reports."""
+    pool = make_pool("4M", page_size="4K")
+    buffer = bytearray(b"a" * 300_000)
+    original = kvcache.transfer.scatter
+
+    def scatter_after_a_change(targets: list, pieces: tuple) -> None:
+        buffer[0] = ord("z")  # what a racing writer to the caller's buffer would do
+        original(targets, pieces)
+
+    kvcache.transfer.scatter = scatter_after_a_change
+    try:
+        pool.put("raced", memoryview(buffer))
+    finally:
+        kvcache.transfer.scatter = original
+    assert any("'raced'" in p for p in pool.check())
