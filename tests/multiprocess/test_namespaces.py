@@ -130,6 +130,5 @@ def test_churn_with_kills_inside_and_outside_namespaces(make_pool) -> None:
         for proc in survivors:
             proc.wait(timeout=20)
         _assert_killed_inside(survivors[0])
-    with deadline(30):
-        with kvcache.open(pool.name) as fresh:
-            _assert_sound(fresh)
+    with deadline(30), kvcache.open(pool.name) as fresh:
+        _assert_sound(fresh)
