@@ -8,6 +8,8 @@ the human version through ``Output``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -106,6 +108,10 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         return list_pools(args, out)
     with kvcache.open(args.name) as pool:
         stats, config = pool.stats(), pool.config
+    # This command's own process is attached while it reads: leave it out.
+    others = tuple(pid for pid in stats.attached if pid != os.getpid())
+    num_elsewhere = stats.num_attached - 1 - len(others)
+    stats = dataclasses.replace(stats, attached=others, num_attached=stats.num_attached - 1)
     snapshot = files.default_path(args.name)
     snapshot_age = time.time() - snapshot.stat().st_mtime if snapshot.exists() else None
     doc = {
@@ -133,7 +139,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("evictions", stats.evictions),
         ("expirations", stats.expirations),
         ("repairs", stats.repairs),
-        ("attached", ", ".join(map(str, stats.attached)) or "none"),
+        ("attached", _attached(others, num_elsewhere)),
         (
             "snapshot",
             f"{snapshot} ({_age(snapshot_age)} old)" if snapshot_age is not None else "none",
@@ -154,15 +160,16 @@ def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
             format_size(e.size_bytes),
             e.priority,
             "never" if e.expires_at is None else _age(e.expires_at - now),
-            e.last_access,
+            f"{_age(now - e.accessed_at)} ago",
+            f"{_age(now - e.created_at)} ago",
             f"{e.frequency:.2f}",
         )
         for e in listed
     ]
     out.table(
-        ("KEY", "SIZE", "PRIORITY", "EXPIRES-IN", "LAST-ACCESS", "FREQ"),
+        ("KEY", "SIZE", "PRIORITY", "EXPIRES-IN", "LAST-ACCESS", "CREATED", "FREQ"),
         rows,
-        right=("SIZE", "PRIORITY", "LAST-ACCESS", "FREQ"),
+        right=("SIZE", "PRIORITY", "LAST-ACCESS", "CREATED", "FREQ"),
     )
     out.line(f"{len(listed)} of {total} entries, sorted by {args.sort}")
     return {"entries": [e.to_dict() for e in listed], "num_entries": total, "sort": args.sort}
@@ -283,6 +290,16 @@ def _octal_mode(text: str) -> int:
     if not 0 <= mode <= 0o777:
         raise InvalidArgument(f"--mode {text!r} is out of range: use e.g. 600 or 660")
     return mode
+
+
+def _attached(pids: tuple[int, ...], num_elsewhere: int) -> str:
+    """Pids of this PID namespace, and a count of the processes of others (their pids
+    would name other processes here)."""
+    shown = ", ".join(map(str, pids))
+    if num_elsewhere:
+        more = f"{num_elsewhere} in other PID namespaces"
+        shown = f"{shown} (+{more})" if shown else more
+    return shown or "none"
 
 
 def _show_key(key: str | bytes) -> str:

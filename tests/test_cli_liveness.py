@@ -1,0 +1,86 @@
+"""``cortex cache`` reports who is attached and when entries were used, as a person reads it.
+
+Regressions: ``status`` listed its own process as attached, had no way to show
+processes of other PID namespaces, and ``entries`` showed logical-clock ticks
+as LAST-ACCESS (``--json`` called them times).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import kvcache
+from test_cli import cortex, cortex_json
+
+_HOLD_OPEN = (
+    "import sys, kvcache; p = kvcache.open(sys.argv[1]); print('ready', flush=True); "
+    "sys.stdin.read()"
+)
+
+
+@pytest.fixture
+def holder(pool_name: str) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start a process (under an optional wrapper) that keeps the pool open."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*wrapper: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*wrapper, sys.executable, "-c", _HOLD_OPEN, pool_name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.communicate(timeout=20)
+
+
+def _attached_row(name: str) -> str:
+    result = cortex("status", name)
+    assert result.returncode == 0, result.stderr
+    return next(line for line in result.stdout.splitlines() if line.startswith("attached"))
+
+
+def test_status_lists_other_processes_but_not_itself(pool_name: str, holder) -> None:
+    kvcache.create(pool_name, "1M").close()
+    assert _attached_row(pool_name).split() == ["attached", "none"]
+    assert cortex_json("status", pool_name)["attached"] == []
+    proc = holder()
+    assert _attached_row(pool_name).split() == ["attached", str(proc.pid)]
+    doc = cortex_json("status", pool_name)
+    assert doc["attached"] == [proc.pid] and doc["num_attached"] == 1
+
+
+def test_status_counts_processes_of_other_pid_namespaces(pool_name: str, holder) -> None:
+    kvcache.create(pool_name, "1M").close()
+    holder("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+    assert _attached_row(pool_name).split()[1:] == ["1", "in", "other", "PID", "namespaces"]
+    doc = cortex_json("status", pool_name)
+    assert doc["attached"] == [] and doc["num_attached"] == 1
+
+
+def test_entries_show_wall_clock_times(pool_name: str) -> None:
+    before = time.time()
+    with kvcache.create(pool_name, "1M") as pool:
+        pool.put("old", b"1")
+        pool.put("new", b"2")
+        after_put = time.time()
+        time.sleep(0.05)
+        pool.get("old")
+    listed = {e["key"]: e for e in cortex_json("entries", pool_name)["entries"]}
+    old, new = listed["old"], listed["new"]
+    assert before <= old["created_at"] <= new["created_at"] <= after_put
+    assert old["accessed_at"] > after_put  # the hit moved it; the put did not
+    assert new["accessed_at"] == new["created_at"]
+    table = cortex("entries", pool_name).stdout
+    assert "CREATED" in table and "s ago" in table
