@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.10) and install kvcache with its test and lint tools, torch
-# and transformers (for kvcache.integrations.transformers, its tests and the demo).
+# Create .venv (Python >= 3.10) and install kvcache with its command line's rich, its test
+# and lint tools, torch and transformers (for kvcache.integrations.transformers, its tests
+# and the demo). The dev extra brings test, which brings cli (rich).
 # Sourced by demo.sh and test.sh; safe to run again (pip skips what is there).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -16,6 +16,7 @@ parts, bottom up (each module opens with its own overview):
 - ``transfer``  bytes between callers' buffers and an entry's pages
 - ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
+- ``mapping``   ``Pool``'s dict views (keys/items/values) for a mapping others change
 - ``snapshot``  persist to a file and restore: format, atomic writes, checks
 - ``prefix``    token prefixes: ``PrefixCache`` stores/finds a prompt's KV by chunks
 - ``integrations`` Hugging Face transformers (``kvcache.integrations.transformers``)

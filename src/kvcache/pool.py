@@ -16,15 +16,16 @@ copied under the lock, which is cheaper than locking twice.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import numpy as np
 import xxhash
@@ -39,7 +40,7 @@ from .errors import (
     PoolFullError,
     ValueTooLargeError,
 )
-from .eviction import EvictionMixin
+from .eviction import EVICT_BATCH, EvictionMixin
 from .index import HashIndex
 from .layout import (
     ENTRY_WORDS,
@@ -55,6 +56,7 @@ from .layout import (
     write_header,
 )
 from .lock import ClosedLock, PoolLock
+from .mapping import ItemsView, KeyList, ValuesView
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .reports import EntryInfo, PoolStats
@@ -77,10 +79,13 @@ _HASH_HALVES = struct.Struct("<qq")
 Key = str | bytes
 Value = bytes | np.ndarray
 Copied = TypeVar("Copied")
+Default = TypeVar("Default")
 History = tuple[int, int, float]
 """An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
 
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+_NO_DEFAULT: object = object()
+"""``pop``'s default when none is given: a miss raises KeyError, as dict's does."""
 
 
 def _key_bytes(key: Key) -> tuple[bytes, int]:
@@ -103,13 +108,28 @@ def _intact(views: list[memoryview], checksum_word: int) -> bool:
     return transfer.checksum(views) == transfer.from_word(checksum_word)
 
 
-class Pool(EvictionMixin):
+class Pool(EvictionMixin, MutableMapping[Key, Value]):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
-    the same entries and counters. Supports ``pool[key]``, ``key in pool``,
-    ``len(pool)`` and ``with`` blocks.
+    the same entries and counters. A ``MutableMapping`` (``pool[key]``,
+    ``key in pool``, ``len(pool)``, ``get``, ``pop``, ``items()``, ``update``,
+    ...) and a context manager (``with`` closes it).
+
+    It inherits from ``MutableMapping`` rather than registering with it, so
+    that type checkers accept a pool where a mapping is expected; every mixin
+    that would copy the whole pool, or race with other processes, is
+    overridden here (``clear``, ``pop``, ``popitem``, the views, ``==``).
+    ``setdefault`` and ``update`` are the mixins': they store with ``put``'s
+    defaults (priority 0, the pool's ttl), and ``setdefault`` is a get then a
+    put, so two processes racing on one key may both store.
     """
+
+    # Mapping's == would copy every value of both sides, and its __eq__ makes
+    # instances unhashable (open pools live in a WeakSet). A pool is a handle:
+    # equal only to itself, as before it was a mapping.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __init__(
         self,
@@ -224,11 +244,105 @@ class Pool(EvictionMixin):
         if not self.delete(key):
             raise KeyError(key)
 
+    @overload
+    def pop(self, key: Key) -> Value: ...
+    @overload
+    def pop(self, key: Key, default: Default) -> Value | Default: ...
+    def pop(self, key: Key, default: object = _NO_DEFAULT) -> object:
+        """Remove ``key`` and return its value; ``default`` on a miss, KeyError without one.
+
+        The value returned is the one removed: the entry's generation is noted
+        before the copy and the entry is removed only if it is unchanged after
+        it, so a value another process puts meanwhile is neither returned
+        unremoved nor removed unreturned. Counted in stats as a read (a hit or
+        a miss); an entry overtaken ``READ_ATTEMPTS`` times is a miss.
+        """
+        key_bytes, _ = _key_bytes(key)
+        for _ in range(READ_ATTEMPTS):
+            with self._lock:
+                eid = self._find(key_bytes)
+                generation = self._eq[eid * ENTRY_WORDS + E.generation] if eid >= 0 else -1
+            value = self._read(key, transfer.materialise)
+            if value is None:
+                break
+            with self._lock:
+                if eid >= 0 and self._is_ready(eid, generation):
+                    self._remove(eid)
+                    return value
+        if default is _NO_DEFAULT:
+            raise KeyError(key)
+        return default
+
+    def popitem(self) -> tuple[Key, Value]:
+        """Remove and return some (key, value) pair; KeyError when the pool is empty.
+
+        Which pair is unspecified. Overrides the mixin, which lists every key
+        first and takes a key another process removed meanwhile for an empty pool.
+        """
+        while True:
+            with self._lock:
+                if not self._hq[H.num_live]:
+                    raise KeyError("popitem(): the pool is empty")
+                key = self._key_of(int(self._views.live[0]))
+            with contextlib.suppress(KeyError):  # gone meanwhile, or expired: take another
+                return key, self.pop(key)
+
+    def clear(self) -> int:  # type: ignore[override]  # also returns the count, as diskcache's
+        """Remove every entry; return how many were removed.
+
+        Removes the entries there when it starts (a value put meanwhile may
+        survive), ``EVICT_BATCH`` per lock hold, like ``evict``, so that other
+        processes are never stalled for the whole pool. Like ``delete``, and
+        unlike eviction and expiry, it is not counted in ``stats``.
+        """
+        with self._lock:
+            ids = self._entries.live_ids()
+            targets = list(
+                zip(ids.tolist(), self._views.entries[ids]["generation"].tolist(), strict=True)
+            )
+        num_removed = 0
+        for start in range(0, len(targets), EVICT_BATCH):
+            with self._lock:
+                for eid, generation in targets[start : start + EVICT_BATCH]:
+                    if self._is_ready(eid, generation):
+                        self._remove(eid)
+                        num_removed += 1
+        return num_removed
+
+    def touch(self, key: Key, ttl: float | str | None = None) -> bool:
+        """Give ``key`` a new expiry, keeping its value; return whether it was there.
+
+        Args:
+            ttl: as for ``put``: seconds (or ``"10m"``) from now; None for the
+                pool's ``default_ttl_s``, which on a pool without one means
+                never (as diskcache's ``touch(key, expire=None)``).
+
+        Raises:
+            InvalidArgument: bad key or ttl.
+        """
+        key_bytes, _ = _key_bytes(key)
+        ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
+        with self._lock:
+            eid = self._lookup(key_bytes, count=False)
+            if eid < 0:
+                return False
+            expires_at = self._clock() + ttl_s if ttl_s else math.inf
+            self._ed[eid * ENTRY_WORDS + E.expires_at] = expires_at
+            # next_expiry_at is a lower bound (see _sweep_expired): only an earlier expiry moves it
+            if expires_at < self._hd[H.next_expiry_at]:
+                self._hd[H.next_expiry_at] = expires_at
+            return True
+
     # ------------------------------------------------------------------ reads
 
-    def get(self, key: Key) -> Value | None:
-        """A copy of the value under ``key`` (``bytes`` or numpy array), or None on a miss."""
-        return self._read(key, transfer.materialise)
+    @overload
+    def get(self, key: Key) -> Value | None: ...
+    @overload
+    def get(self, key: Key, default: Default) -> Value | Default: ...
+    def get(self, key: Key, default: object = None) -> object:
+        """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
+        value = self._read(key, transfer.materialise)
+        return default if value is None else value
 
     def get_into(self, key: Key, buffer: object) -> int | None:
         """Copy the value's bytes into ``buffer`` (any writable buffer); None on a miss.
@@ -278,11 +392,40 @@ class Pool(EvictionMixin):
         with self._lock:
             return self._hq[H.num_live]
 
-    def keys(self) -> list[Key]:
-        """The keys of all live (unexpired) entries, in no particular order."""
+    def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
+        """The keys of all live (unexpired) entries now, in no particular order."""
         with self._lock:
             ids, _ = self._live_records()
-            return [self._key_of(eid) for eid in ids.tolist()]
+            return KeyList(self._key_of(eid) for eid in ids.tolist())
+
+    def items(self) -> ItemsView[Key, Value]:
+        """(key, value) pairs of the keys live now, each value read when iteration reaches it.
+
+        No lock is held while the caller iterates and values are not copied up
+        front; a key removed meanwhile is skipped. Each value is read as by
+        ``get`` (a hit in ``stats``, and recency for the policy).
+        """
+        return ItemsView(self)
+
+    def values(self) -> ValuesView[Value]:
+        """The values of the keys live now, read one by one as ``items()`` reads them."""
+        return ValuesView(self)
+
+    def ttl(self, key: Key) -> float | None:
+        """Seconds until ``key`` expires, or None if it never does (no effect on stats).
+
+        Raises:
+            KeyError: no live entry for ``key`` (like ``pool[key]``); a None
+                here would read as "never expires".
+        """
+        key_bytes, _ = _key_bytes(key)
+        with self._lock:
+            eid = self._find(key_bytes)
+            expires_at = self._ed[eid * ENTRY_WORDS + E.expires_at] if eid >= 0 else -math.inf
+        now = self._clock()
+        if expires_at <= now:
+            raise KeyError(key)
+        return None if expires_at == math.inf else expires_at - now
 
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
         """Live entries with their metadata, first the ones ``sort`` puts first.
@@ -556,6 +699,11 @@ class Pool(EvictionMixin):
         if eid >= 0 and self._key_view(eid) != key_bytes:
             return -1  # a 128-bit hash collision: treat as absent
         return eid
+
+    def _is_ready(self, eid: int, generation: int) -> bool:
+        """Whether ``eid`` is still the READY entry it was when ``generation`` was read."""
+        base = eid * ENTRY_WORDS
+        return self._eq[base + E.generation] == generation and self._eq[base + E.state] == READY
 
     def _key_of(self, eid: int) -> Key:
         key = bytes(self._key_view(eid))

@@ -428,6 +428,18 @@ def cmd_attach_and_wait(p: dict) -> dict:
     return {}
 
 
+def cmd_clear(p: dict) -> dict:
+    """Open the pool, clear it, and report what was removed and what this process sees."""
+    with kvcache.open(p["pool"]) as pool:
+        return {"removed": pool.clear(), "len": len(pool), "keys": list(pool.keys())}
+
+
+def cmd_touch(p: dict) -> dict:
+    """Open the pool with a clock stopped at ``now``; touch ``key`` with ``ttl``; report its ttl."""
+    with kvcache.open(p["pool"], clock=lambda: p["now"]) as pool:
+        return {"touched": pool.touch(p["key"], ttl=p["ttl"]), "ttl": pool.ttl(p["key"])}
+
+
 def cmd_hammer(p: dict) -> dict:
     pool = kvcache.open(p["pool"])
     _say("ready")

@@ -6,6 +6,10 @@
 
 Exit codes: 0 on success; 1 on a user error (one line on stderr, no
 traceback) or when ``health`` finds problems it did not repair; 130 on Ctrl-C.
+
+Only the command line needs ``rich`` (the ``cli`` extra): inference engines
+import the library without it, so ``commands`` and ``output`` are imported
+when a command runs, and a missing rich is a one-line error there.
 """
 
 from __future__ import annotations
@@ -13,13 +17,21 @@ from __future__ import annotations
 import sys
 
 from ..errors import KVCacheError
-from .commands import COMMANDS, Unhealthy
-from .output import Output
 from .parser import UsageError, build
+
+NEEDS_RICH = "the command line needs the rich package: pip install 'kvcache[cli]'"
 
 
 def run(argv: list[str], prog: str = "cortex cache") -> int:
     """Run one ``cache`` command; return its exit code."""
+    try:
+        from .commands import COMMANDS, Unhealthy
+        from .output import Output
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "rich":
+            raise
+        print(f"{prog}: error: {NEEDS_RICH}", file=sys.stderr)
+        return 1
     try:
         args = build(prog).parse_args(argv)
         out = Output(getattr(args, "json", False))

@@ -1,0 +1,195 @@
+"""What users install: py.typed for their type checkers, and a library that needs no extras."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import kvcache
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = Path(kvcache.__file__).resolve().parents[1]
+"""The folder the kvcache under test is imported from (src/ of this checkout, or site-packages)."""
+CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
+EXTRAS_ONLY = {
+    "kvcache.__main__": "runs the command line on import",
+    "kvcache.cli.commands": "rich",
+    "kvcache.cli.output": "rich",
+    "kvcache.integrations.transformers": "torch, transformers",
+}
+"""Modules that may need an extra (or are not for importing); every other one must not."""
+
+
+def test_the_package_marks_itself_typed() -> None:
+    assert importlib.resources.files("kvcache").joinpath("py.typed").is_file()
+
+
+def test_a_built_wheel_ships_py_typed_and_needs_no_rich(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project)
+    build = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    result = subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / result.stdout.split()[-1]) as wheel:
+        assert "kvcache/py.typed" in wheel.namelist()
+        metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith("/METADATA")))
+    requires = [line for line in metadata.decode().splitlines() if line.startswith("Requires-Dist")]
+    assert [line for line in requires if "rich" in line] == [
+        'Requires-Dist: rich>=13; extra == "cli"'
+    ]
+
+
+def test_a_users_type_checker_sees_the_packages_types(tmp_path: Path) -> None:
+    pytest.importorskip("mypy", reason="mypy comes with the dev extra")
+    user = tmp_path / "user.py"
+    user.write_text(
+        textwrap.dedent(
+            """
+            import kvcache
+
+            pool = kvcache.open("llama-cache")
+            reveal_type(pool.get("prompt-42"))
+            pool.put(42, b"kv")
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", os.devnull, str(user)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(SOURCE)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # without py.typed mypy skips the package: Any, and no error for the int key
+    assert 'Revealed type is "bytes | numpy.ndarray' in result.stdout, result.stdout
+    assert 'Argument 1 to "put" of "Pool" has incompatible type "int"' in result.stdout
+
+
+BLOCKER = """
+import sys
+
+class _NotInstalled:
+    '''Makes {blocked} look uninstalled: every import of them fails as a missing module does.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NotInstalled())
+"""
+
+USE_THE_LIBRARY = """
+import importlib, json, pkgutil, sys
+import numpy as np
+import kvcache
+from kvcache import KVLayout, PrefixCache
+
+name, snapshot, extras_only = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+extras = ("rich", "torch", "transformers")
+failed = {}
+for module in pkgutil.walk_packages(kvcache.__path__, "kvcache."):
+    if module.name not in extras_only:
+        try:
+            importlib.import_module(module.name)
+        except ImportError as exc:
+            failed[module.name] = str(exc)
+
+pool = kvcache.create(name, "4M", page_size="4K")
+pool.put("bytes", b"kv")
+pool["array"] = np.arange(12, dtype=np.float16).reshape(3, 4)
+cache = PrefixCache(pool, "model", KVLayout(2, 1, 4, "float16"), chunk_tokens=4)
+cache.store(list(range(8)), np.ones((2, 2, 1, 8, 4), np.float16))
+path = pool.persist(snapshot)
+pool.close()
+kvcache.destroy(name)
+restored = kvcache.restore(name, path)
+prefix = PrefixCache(restored, "model", KVLayout(2, 1, 4, "float16"), chunk_tokens=4)
+print(json.dumps({
+    "failed": failed,
+    "bytes": restored.get("bytes").decode(),
+    "array": restored["array"].tolist(),
+    "prefix_tokens": prefix.lookup(list(range(8))),
+    "loaded": sorted({m.partition(".")[0] for m in sys.modules} & set(extras)),
+}))
+restored.close()
+kvcache.destroy(name)
+"""
+
+
+def _without(blocked: set[str], tmp_path: Path, *command: str) -> subprocess.CompletedProcess:
+    """Run ``command`` where importing any of ``blocked`` fails (installed by sitecustomize)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER.format(blocked=sorted(blocked)))
+    return subprocess.run(
+        command,
+        env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{SOURCE}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_library_works_without_rich_torch_or_transformers(tmp_path: Path) -> None:
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    try:
+        result = _without(
+            {"rich", "torch", "transformers"},
+            tmp_path,
+            sys.executable,
+            "-c",
+            USE_THE_LIBRARY,
+            name,
+            str(tmp_path / "pool.kvsnap"),
+            json.dumps(sorted(EXTRAS_ONLY)),
+        )
+    finally:
+        if name in kvcache.list_pools():
+            kvcache.destroy(name)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report == {
+        "failed": {},
+        "bytes": "kv",
+        "array": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]],
+        "prefix_tokens": 8,
+        "loaded": [],
+    }
+
+
+def test_the_blocker_really_blocks(tmp_path: Path) -> None:
+    result = _without({"rich"}, tmp_path, sys.executable, "-c", "import kvcache.cli.output")
+    assert result.returncode != 0 and "No module named 'rich" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[CORTEX, "cache", "list"], [sys.executable, "-m", "kvcache", "list"]],
+    ids=["cortex", "python -m kvcache"],
+)
+def test_the_command_line_without_rich_says_what_to_install(tmp_path: Path, command) -> None:
+    result = _without({"rich"}, tmp_path, *command)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "error:" in result.stderr and "pip install 'kvcache[cli]'" in result.stderr
