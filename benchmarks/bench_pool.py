@@ -361,13 +361,18 @@ def pool_size_for(value_size: int, count: int, page_size: int) -> int:
     return (count + 2) * pages_per_value * page_size
 
 
-def measure_pool_ops(value: bytes, count: int, settings: Settings) -> dict[str, float]:
-    """ops/s of put (overwrite), get and get_into over ``count`` keys of a warm pool."""
+def measure_pool_ops(
+    value: bytes, count: int, settings: Settings, **options: object
+) -> dict[str, float]:
+    """ops/s of put (overwrite), get and get_into over ``count`` keys of a warm pool.
+
+    ``options`` go to ``kvcache.create`` (``bench_versions`` passes ``verify_reads``).
+    """
     page_size = 64 * KiB
     keys = [f"key-{i:08d}" for i in range(count)]
     buffer = np.empty(len(value), np.uint8)
     size = pool_size_for(len(value), count, page_size)
-    with temp_pool(new_pool_name("tput"), size, page_size=page_size) as pool:
+    with temp_pool(new_pool_name("tput"), size, page_size=page_size, **options) as pool:
         put, get, get_into = pool.put, pool.get, pool.get_into
 
         def puts() -> int:

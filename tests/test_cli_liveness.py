@@ -1,8 +1,8 @@
-"""``cortex cache`` reports who is attached and when entries were used, as a person reads it.
+"""``cortex cache`` reports who is attached, when entries were used and what is damaged.
 
 Regressions: ``status`` listed its own process as attached, had no way to show
 processes of other PID namespaces, and ``entries`` showed logical-clock ticks
-as LAST-ACCESS (``--json`` called them times).
+as LAST-ACCESS (``--json`` called them times), and ``health`` passed damaged bytes.
 """
 
 from __future__ import annotations
@@ -84,3 +84,19 @@ def test_entries_show_wall_clock_times(pool_name: str) -> None:
     assert new["accessed_at"] == new["created_at"]
     table = cortex("entries", pool_name).stdout
     assert "CREATED" in table and "s ago" in table
+
+
+def test_health_reports_and_repairs_damaged_bytes(pool_name: str) -> None:
+    """Regression: bytes changed behind the pool's back passed as "consistent"."""
+    with kvcache.create(pool_name, "1M", page_size="4K") as pool:
+        pool.put("kept", b"k" * 3000)
+        pool.put("hit", b"h" * 3000)
+        _, payload, _ = pool._value_views(pool._find(b"hit"))
+        payload[0][100] ^= 0xFF  # a stray write into the shared pages
+    result = cortex("health", pool_name)
+    assert result.returncode == 1
+    assert "'hit'" in result.stdout and "checksum" in result.stdout
+    assert cortex_json("health", pool_name, "--repair")["repaired"] is True
+    assert cortex_json("health", pool_name)["consistent"] is True
+    with kvcache.open(pool_name) as pool:
+        assert pool.get("kept") == b"k" * 3000 and "hit" not in pool

@@ -6,6 +6,8 @@ parts, bottom up (each module opens with its own overview):
 - ``segment``   create/attach/unlink the file; names, permissions, reservation
 - ``layout``    the binary layout: header, process table, entry table, live
                 list, key index, page links, data pages
+- ``leases``    kernel-held OFD byte-range locks: liveness in every PID namespace
+- ``procs``     the attached-process table: one leased slot per open pool
 - ``lock``      thread + process exclusion; detects holders that died
 - ``allocator`` fixed-size pages chained per value: no fragmentation failures
 - ``entries``   entry slots and the dense list of live entries
