@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,10 +59,7 @@ def unpack_revision(rev: str, into: Path) -> Path | None:
     )
     if archive.returncode != 0:
         return None
-    tar_path = into / "base.tar"
-    tar_path.write_bytes(archive.stdout)
-    with tarfile.open(tar_path) as tar:
-        tar.extractall(into, filter="data")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into / "src"
 
 
