@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -72,7 +73,7 @@ def ask(name: str, question: int) -> None:
         clock = FirstTokenClock()
         answer = kvhf.generate(model, pc, prompt, max_new_tokens=NEW_TOKENS, streamer=clock)
         print(
-            f"[process {question - 1}, pid {pool.stats().attached[-1]}] {prompt.shape[1]}-token "
+            f"[process {question - 1}, pid {os.getpid()}] {prompt.shape[1]}-token "
             f"prompt, {reused} tokens' KV from the pool: first token after {clock.first:.3f} s"
         )
         if reused:  # the same prompt without the pool, for comparison
