@@ -368,6 +368,8 @@ def test_closed_pool_says_so(make_pool):
         {"size": "1M", "default_ttl": "forever"},
         {"size": "1M", "eviction_samples": 0},
         {"size": "1M", "mode": 0o1777},
+        {"size": "1M", "mode": 0o777},  # execute bits and world-writable KV
+        {"size": "1M", "mode": 0o666},  # other users need force=True
     ],
 )
 def test_bad_create_arguments_create_nothing(pool_name, kwargs):

@@ -140,15 +140,19 @@ def test_default_mode_is_0600(
     assert _path(pool_name).stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize("mode", [0o640, 0o644, 0o660, 0o666, 0o400])
+@pytest.mark.parametrize(
+    ("mode", "force"),
+    [(0o600, False), (0o640, False), (0o660, False), (0o604, True), (0o644, True), (0o666, True)],
+)
 def test_requested_mode_applies_regardless_of_umask(
     make_pool: Callable[..., kvcache.Pool],
     pool_name: str,
     umask: Callable[[int], int],
     mode: int,
+    force: bool,
 ) -> None:
     umask(0o077)
-    make_pool("64K", mode=mode)
+    make_pool("64K", mode=mode, force=force)
     assert _path(pool_name).stat().st_mode & 0o777 == mode
 
 
@@ -156,6 +160,32 @@ def test_requested_mode_applies_regardless_of_umask(
 def test_bad_mode(pool_name: str, mode: object) -> None:
     with pytest.raises(InvalidArgument, match="mode"):
         kvcache.create(pool_name, "64K", mode=mode)  # type: ignore[arg-type]
+    assert _traces(pool_name) == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        (0o777, "execute"),
+        (0o700, "execute"),
+        (0o670, "execute"),
+        (0o601, "execute"),
+        (0o400, "owner read and write"),
+        (0o060, "owner read and write"),  # "--mode 60", a typo for 660
+        (0o000, "owner read and write"),
+    ],
+)
+def test_unsafe_mode_is_refused_even_with_force(pool_name: str, mode: int, why: str) -> None:
+    with pytest.raises(InvalidArgument, match=why):
+        kvcache.create(pool_name, "64K", mode=mode, force=True)
+    assert _traces(pool_name) == []
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o606, 0o604, 0o662])
+def test_access_for_other_users_needs_force(pool_name: str, mode: int) -> None:
+    """World-readable KV leaks prompts; world-writable KV lets anyone poison every engine."""
+    with pytest.raises(InvalidArgument, match="force"):
+        kvcache.create(pool_name, "64K", mode=mode)
     assert _traces(pool_name) == []
 
 

@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache import PoolExistsError, SnapshotError
+from kvcache import InvalidArgument, PoolExistsError, SnapshotError
 from kvcache.layout import H
 from kvcache.policies import POLICIES
-from kvcache.snapshot.format import FORMAT_VERSION
+from kvcache.snapshot import format as snapshot_format
+from kvcache.snapshot.format import FORMAT_VERSION, HEADER_BYTES, HEADER_DTYPE
 
 SHM = Path(os.environ.get("KVCACHE_SHM_DIR", "/dev/shm"))
 FIELDS = (
@@ -525,8 +526,9 @@ def test_restore_onto_existing_pool_without_replace_raises_and_leaves_it(
     live.put("live", b"L" * 5000)
     inode = (SHM / f"kvcache.{live.name}").stat().st_ino
 
-    with pytest.raises(PoolExistsError, match="replace"):
+    with pytest.raises(PoolExistsError, match="replace=True") as info:
         kvcache.restore(live.name, path)
+    assert "--replace" not in str(info.value)  # a Python caller has no such flag
     with pytest.raises(PoolExistsError):
         kvcache.restore_with_report(live.name, path, replace=False)
 
@@ -556,6 +558,100 @@ def test_restore_with_replace_swaps_the_pool_and_old_handles_keep_theirs(
     with kvcache.open(live.name) as fresh:
         assert fresh.keys() == ["from-snapshot"]
     assert hidden_segments(live.name) == []
+
+
+def mode_of(name: str) -> int:
+    return stat.S_IMODE((SHM / f"kvcache.{name}").stat().st_mode)
+
+
+def test_bug_restore_lost_a_group_shared_pools_mode(make_pool, pools, tmp_path):
+    """A 0660 pool came back 0600, locking its group out; the snapshot keeps the mode now."""
+    original = make_pool("1M", mode=0o660)
+    original.put("k", b"v")
+    path = original.persist(tmp_path / "group.kvsnap")
+    assert kvcache.inspect_snapshot(path).mode == 0o660
+    assert kvcache.inspect_snapshot(path).to_dict()["mode"] == "660"
+
+    same = pools.name()
+    pools.keep(kvcache.restore(same, path))
+    assert mode_of(same) == 0o660
+    private = pools.name()
+    pools.keep(kvcache.restore(private, path, mode=0o600))
+    assert mode_of(private) == 0o600
+
+
+def test_snapshot_without_a_recorded_mode_restores_0600(make_pool, pools, tmp_path):
+    """Snapshots of older writers have zero where the mode now is (and still verify)."""
+    original = make_pool("1M", mode=0o660)
+    original.put("k", b"v")
+    path = original.persist(tmp_path / "old.kvsnap")
+    raw = bytearray(path.read_bytes())
+    header = np.frombuffer(bytes(raw[: HEADER_DTYPE.itemsize]), HEADER_DTYPE)[0]
+    for field in ("mode", "checksum"):
+        offset = HEADER_DTYPE.fields[field][1]  # type: ignore[index]
+        raw[offset : offset + 8] = bytes(8)
+    records = bytes(raw[int(header["records_offset"]) :])
+    checksum = snapshot_format._checksum(bytes(raw[:HEADER_BYTES]), records)
+    offset = HEADER_DTYPE.fields["checksum"][1]  # type: ignore[index]
+    raw[offset : offset + 8] = checksum.to_bytes(8, "little")
+    path.write_bytes(raw)
+
+    assert kvcache.inspect_snapshot(path).mode == 0o600
+    name = pools.name()
+    restored = pools.keep(kvcache.restore(name, path))
+    assert (mode_of(name), restored.get("k")) == (0o600, b"v")
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o755, 0o700, 0o060])
+def test_restore_refuses_unsafe_modes_even_with_force(make_pool, pools, tmp_path, mode):
+    original = make_pool("1M")
+    original.put("k", b"v")
+    path = original.persist(tmp_path / "s.kvsnap")
+    name = pools.name()
+    with pytest.raises(InvalidArgument, match="mode"):
+        kvcache.restore(name, path, mode=mode, force=True)
+    assert name not in kvcache.list_pools() and hidden_segments(name) == []
+
+
+def test_restore_gives_other_users_access_only_with_force(make_pool, pools, tmp_path):
+    original = make_pool("1M", mode=0o666, force=True)
+    original.put("k", b"v")
+    path = original.persist(tmp_path / "open.kvsnap")
+    name = pools.name()
+    for mode in (None, 0o644):  # the snapshot's 0666 needs the restorer's consent too
+        with pytest.raises(InvalidArgument, match="force"):
+            kvcache.restore(name, path, mode=mode)
+    assert name not in kvcache.list_pools() and hidden_segments(name) == []
+    pools.keep(kvcache.restore(name, path, force=True))
+    assert mode_of(name) == 0o666
+
+
+def test_restore_into_a_configuration_of_the_callers_choosing(make_pool, pools, tmp_path):
+    original = make_pool("2M", page_size="4K", policy="lfu")
+    for i in range(10):
+        original.put(f"k{i}", bytes([i]) * 100)
+    path = original.persist(tmp_path / "s.kvsnap")
+    config = kvcache.PoolConfig.build(
+        "1M", page_size="1K", policy="fifo", max_entries=5, default_ttl="1h"
+    )
+    restored, report = kvcache.restore_with_report(pools.name(), path, config=config)
+    pools.keep(restored)
+    assert restored.config == config
+    assert (report.num_restored, report.num_dropped) == (5, 5)
+    assert all(restored.get(key) == bytes([int(key[1:])]) * 100 for key in restored)
+    with pytest.raises(InvalidArgument, match="not both"):
+        kvcache.restore(pools.name(), path, size="1M", config=config)
+
+
+def test_restore_with_prealloc_reserves_the_whole_pool(make_pool, pools, tmp_path):
+    original = make_pool("64M")  # growth reserves 8 MiB at a time: well below 64M
+    original.put("k", b"v")
+    path = original.persist(tmp_path / "s.kvsnap")
+    lazy, eager = pools.name(), pools.name()
+    pools.keep(kvcache.restore(lazy, path))
+    pools.keep(kvcache.restore(eager, path, prealloc=True))
+    assert (SHM / f"kvcache.{lazy}").stat().st_blocks * 512 < 32 << 20
+    assert (SHM / f"kvcache.{eager}").stat().st_blocks * 512 >= 64 << 20
 
 
 def test_missing_snapshot_is_a_snapshot_error_that_says_persist(pool_name, tmp_path, monkeypatch):

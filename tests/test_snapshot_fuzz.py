@@ -365,7 +365,7 @@ def crafted(entries: list[dict[str, int]], data: bytes, **config_fields: object)
         offset, length = int(record["offset"]), int(record["key_len"]) + int(record["value_len"])
         if offset >= 0 and offset + length <= len(data):
             record["checksum"] = transfer.checksum([data[offset : offset + length]])
-    header = bytearray(encode_header("crafted", config, 0.0, 10, records, len(data)))
+    header = bytearray(encode_header("crafted", config, 0.0, 10, records, len(data), mode=0o600))
     for name, value in config_fields.items():  # break the config, then re-seal the header
         offset, size = HEADER_DTYPE.fields[name][1], HEADER_DTYPE.fields[name][0].itemsize  # type: ignore[index]
         header[offset : offset + size] = (

@@ -905,7 +905,8 @@ def create(
     eviction_samples: int = 64,
     lfu_half_life: int | None = None,
     prealloc: bool = False,
-    mode: int = 0o600,
+    mode: int = segment.DEFAULT_MODE,
+    force: bool = False,
     verify_reads: bool = False,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
@@ -920,7 +921,9 @@ def create(
         eviction_samples: entries scored per eviction (see ``PoolConfig``).
         lfu_half_life: clock ticks after which an idle LFU count halves.
         prealloc: reserve all memory now rather than as pages are first used.
-        mode: file permissions; ``0o600`` keeps the pool private to its user.
+        mode: file permissions; ``0o600`` keeps the pool private to its user,
+            ``0o660`` shares it with the group; execute bits are refused.
+        force: accept a ``mode`` that gives other users access (e.g. ``0o666``).
         verify_reads: this handle checks every value read (see :func:`open`).
         clock, rng: injectable time and randomness (tests).
 
@@ -928,8 +931,7 @@ def create(
         PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
     """
     segment.validate_name(name)
-    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
-        raise InvalidArgument(f"mode must be permission bits such as 0o600, not {mode!r}")
+    segment.check_mode(mode, force=force)
     config = PoolConfig.build(
         size,
         page_size=page_size,

@@ -35,6 +35,8 @@ from .units import format_size
 PREFIX = "kvcache."
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+; Python 3.13+ names it
 MAX_NAME_CHARS = 100
+DEFAULT_MODE = 0o600
+"""Pools are private to their user unless the creator names a group (0o660)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a trailing newline
 
 
@@ -59,6 +61,38 @@ def validate_name(name: str) -> str:
             "or '-', starting with a letter or digit (e.g. 'llama-cache')"
         )
     return name
+
+
+def check_mode(mode: int, *, force: bool = False) -> int:
+    """Return ``mode`` if it is safe permission bits for a pool file, else raise.
+
+    Anyone who can read a pool reads its KV (from which prompts can be
+    recovered); anyone who can write it makes every engine attached to it
+    compute with poisoned values. So the owner must read and write, access
+    for other users (neither owner nor group) needs ``force``, and execute
+    bits are refused always: a pool is data, never a program.
+
+    Raises:
+        InvalidArgument: not permission bits 0..0o777, no read-write for the
+            owner, execute bits, or access for other users without ``force``.
+    """
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        raise InvalidArgument(f"mode must be permission bits such as 0o600, not {mode!r}")
+    if mode & 0o111:
+        raise InvalidArgument(
+            f"mode {mode:#o} has execute bits, which a pool never needs: use e.g. 0o600 or 0o660"
+        )
+    if mode & 0o600 != 0o600:
+        raise InvalidArgument(
+            f"mode {mode:#o} does not let the owner read and write the pool: "
+            "use e.g. 0o600 or 0o660"
+        )
+    if mode & 0o007 and not force:
+        raise InvalidArgument(
+            f"mode {mode:#o} lets every user on this machine read or write the pool's KV: "
+            "use 0o660 to share with a group, or force it (--force, force=True)"
+        )
+    return mode
 
 
 def segment_path(name: str) -> Path:

@@ -1,8 +1,10 @@
 """Human sizes (``16G``, ``1.5G``, ``64K``) and durations (``90s``, ``1h``) in and out.
 
-Sizes use binary units, as memory does: ``1K`` is 1024 bytes. A bare number
-is bytes (or seconds). Anything empty, negative, zero, non-numeric or absurd
-is an :class:`~kvcache.errors.InvalidArgument` that shows an accepted example.
+Sizes use binary units, as memory does: ``1K`` is 1024 bytes, and so are
+``1Ki``, ``1KiB`` and ``1KB`` (people write all four for memory; none means
+1000 here). A bare number is bytes (or seconds). Anything empty, negative,
+zero, non-numeric or absurd is an :class:`~kvcache.errors.InvalidArgument`
+that shows an accepted example.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ import re
 
 from .errors import InvalidArgument
 
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE_UNITS = {"": 1, "B": 1} | {
+    letter + suffix: 1 << (10 * power)
+    for power, letter in enumerate("KMGTP", start=1)
+    for suffix in ("", "I", "B", "IB")
+}
+"""Upper-cased spellings: ``K``, ``Ki``, ``KB``, ``KiB`` ... ``P``, ``Pi``, ``PB``, ``PiB``."""
 _DURATION_UNITS = {"": 1, "S": 1, "M": 60, "H": 3600, "D": 86400}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
@@ -41,12 +48,14 @@ def parse_size(text: str | float, *, what: str = "size") -> int:
         size = math.floor(text) if math.isfinite(text) else -1
     else:
         number, unit = _split(text, what, "16G, 512M, 1.5G, 64K or 4096")
-        unit = unit.upper().removesuffix("IB").removesuffix("B") if len(unit) > 1 else unit.upper()
-        if unit not in _SIZE_UNITS:
+        if unit.upper() not in _SIZE_UNITS:
             raise InvalidArgument(
-                f"{what} {text!r} has an unknown unit {unit!r}: use K, M, G, T (binary) or none"
+                f"{what} {text!r} has an unknown unit {unit!r}: "
+                "use K, M, G, T (binary; Gi, GiB and GB mean G too) or none"
             )
-        scaled = number * _SIZE_UNITS[unit]  # inf for 400 digits: absurd, not an OverflowError
+        scaled = (
+            number * _SIZE_UNITS[unit.upper()]
+        )  # inf for 400 digits: absurd, not an OverflowError
         size = math.floor(scaled) if math.isfinite(scaled) else MAX_SIZE_BYTES + 1
     if size <= 0:
         raise InvalidArgument(f"{what} must be positive, got {text!r}: use e.g. 16G or 512M")

@@ -5,7 +5,8 @@
 - ``output``: tables, progress bars and ``--json`` documents
 
 Exit codes: 0 on success; 1 on a user error (one line on stderr, no
-traceback) or when ``health`` finds problems it did not repair; 130 on Ctrl-C.
+traceback) or when ``health`` finds problems it did not repair; 130 on Ctrl-C;
+141 when the reader of the output went away (``cortex cache list | head -1``).
 
 Only the command line needs ``rich`` (the ``cli`` extra): inference engines
 import the library without it, so ``commands`` and ``output`` are imported
@@ -14,16 +15,47 @@ when a command runs, and a missing rich is a one-line error there.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 
 from ..errors import KVCacheError
-from .parser import UsageError, build
+from .parser import VERSION, UsageError, build
+
+EXIT_READER_LEFT = 128 + 13
+"""128 + SIGPIPE: what a shell reports for ``cat`` or ``ls`` stopped by ``| head``, so
+``set -o pipefail`` scripts see cortex the same way. (Python ignores SIGPIPE and raises
+BrokenPipeError instead; dying of the signal would need the default handler restored.)"""
 
 NEEDS_RICH = "the command line needs the rich package: pip install 'kvcache[cli]'"
 
 
 def run(argv: list[str], prog: str = "cortex cache") -> int:
     """Run one ``cache`` command; return its exit code."""
+    return _until_reader_leaves(lambda: _run(argv, prog))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``cortex`` console script: ``cortex cache COMMAND ...``."""
+    argv = sys.argv[1:] if argv is None else argv
+    return _until_reader_leaves(lambda: _main(argv))
+
+
+def _until_reader_leaves(command: Callable[[], int]) -> int:
+    """``command()``, stopped quietly (exit status 141) if the reader of stdout went away."""
+    try:
+        try:
+            return command()
+        finally:  # also after --help's SystemExit: a reader that left is found here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Output still buffered goes to /dev/null, or the interpreter's flush at
+        # exit would fail again (and print "Exception ignored ...").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_LEFT
+
+
+def _run(argv: list[str], prog: str) -> int:
     try:
         from .commands import COMMANDS, Unhealthy
         from .output import Output
@@ -53,17 +85,18 @@ def run(argv: list[str], prog: str = "cortex cache") -> int:
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The ``cortex`` console script: ``cortex cache COMMAND ...``."""
-    argv = sys.argv[1:] if argv is None else argv
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: cortex cache COMMAND ...\n\ngroups:\n  cache   manage kvcache pools")
         print("\nexample:\n  cortex cache create llama-cache --size 16G   (cortex cache --help)")
         return 0 if argv else 1
+    if argv[0] == "--version":
+        print(VERSION)
+        return 0
     if argv[0] != "cache":
         print(
             f"cortex: error: unknown group {argv[0]!r}: the group is 'cache' (cortex cache --help)",
             file=sys.stderr,
         )
         return 1
-    return run(argv[1:])
+    return _run(argv[1:], "cortex cache")

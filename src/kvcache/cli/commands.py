@@ -13,11 +13,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import kvcache
 
-from ..errors import InvalidArgument, KVCacheError
+from ..errors import InvalidArgument, KVCacheError, PoolExistsError, PoolNotFoundError
 from ..policies import POLICIES
+from ..reports import PoolStats
 from ..snapshot import files
 from ..units import format_size
 from .output import Output
@@ -28,16 +30,31 @@ class Unhealthy(Exception):
 
 
 def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    if args.tier != "cpu":
-        raise KVCacheError(
-            f"tier '{args.tier}' is not available yet: use --tier cpu (shared memory)"
-        )
-    if args.path is not None:
-        raise InvalidArgument("--path is for --tier disk, which is not available yet: leave it out")
+    # With --restore the flags still describe the pool (the same one whether or
+    # not a snapshot exists); the snapshot only fills it.
+    options: dict[str, Any] = {
+        "page_size": args.page_size,
+        "policy": args.policy,
+        "max_entries": args.max_entries,
+        "default_ttl": args.ttl,
+    }
     mode = _octal_mode(args.mode)
     snapshot = Path(args.snapshot) if args.snapshot else files.default_path(args.name)
     if args.restore and snapshot.exists():
-        pool, report = kvcache.restore_with_report(args.name, snapshot, size=args.size)
+        config = kvcache.PoolConfig.build(args.size, **options)
+        try:
+            pool, report = kvcache.restore_with_report(
+                args.name,
+                snapshot,
+                config=config,
+                prealloc=args.prealloc,
+                mode=mode,
+                force=args.force,
+            )
+        except PoolExistsError:
+            raise PoolExistsError(
+                f"pool '{args.name}' already exists: open it, or destroy it first"
+            ) from None
         with pool:
             doc: dict[str, object] = {
                 "created": pool.stats().to_dict(),
@@ -50,14 +67,7 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
             )
             return doc
     with kvcache.create(
-        args.name,
-        args.size,
-        policy=args.policy,
-        page_size=args.page_size,
-        max_entries=args.max_entries or None,
-        default_ttl=args.ttl,
-        prealloc=args.prealloc,
-        mode=mode,
+        args.name, args.size, **options, prealloc=args.prealloc, mode=mode, force=args.force
     ) as pool:
         stats, config = pool.stats(), pool.config
     out.line(
@@ -70,28 +80,9 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    rows: list[tuple[object, ...]] = []
-    docs: list[dict[str, object]] = []
-    for name in kvcache.list_pools():
-        try:
-            with kvcache.open(name) as pool:
-                stats = pool.stats()
-        except KVCacheError as exc:
-            docs.append({"name": name, "error": str(exc)})
-            rows.append((name, "-", "-", "-", "-", "unreadable", "-"))
-            continue
-        docs.append({**stats.to_dict(), "tier": "cpu"})
-        rows.append(
-            (
-                name,
-                format_size(stats.size_bytes),
-                format_size(stats.used_bytes),
-                stats.num_entries,
-                f"{stats.hit_rate:.1%}",
-                stats.policy,
-                "cpu",
-            )
-        )
+    described = [d for d in map(_describe_pool, kvcache.list_pools()) if d is not None]
+    docs = [doc for doc, _ in described]
+    rows = [row for _, row in described]
     if rows:
         out.table(
             ("NAME", "SIZE", "USED", "ENTRIES", "HIT-RATE", "POLICY", "TIER"),
@@ -101,6 +92,27 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
     else:
         out.line("no pools: create one with cortex cache create NAME --size 1G")
     return {"pools": docs}
+
+
+def _describe_pool(name: str) -> tuple[dict[str, object], tuple[object, ...]] | None:
+    """``list``'s JSON document and table row for one listed pool; None if it went away."""
+    try:
+        with kvcache.open(name) as pool:
+            stats = pool.stats()
+    except KVCacheError as exc:
+        if isinstance(exc, PoolNotFoundError) and not kvcache.segment.segment_path(name).exists():
+            return None  # destroyed since it was listed (another user's pool is still shown)
+        return {"name": name, "error": str(exc)}, (name, "-", "-", "-", "-", "unreadable", "-")
+    row = (
+        name,
+        format_size(stats.size_bytes),
+        format_size(stats.used_bytes),
+        stats.num_entries,
+        f"{stats.hit_rate:.1%}",
+        stats.policy,
+        "cpu",
+    )
+    return {**stats.to_dict(), "tier": "cpu"}, row
 
 
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
@@ -217,11 +229,24 @@ def persist(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
     path = Path(args.path) if args.path else files.default_path(args.name)
+    mode = None if args.mode is None else _octal_mode(args.mode)
     start = time.perf_counter()
     with out.progress(f"restoring {args.name}") as progress:
-        pool, report = kvcache.restore_with_report(
-            args.name, path, replace=args.replace, size=args.size, progress=progress
-        )
+        try:
+            pool, report = kvcache.restore_with_report(
+                args.name,
+                path,
+                replace=args.replace,
+                size=args.size,
+                mode=mode,
+                force=args.force,
+                progress=progress,
+            )
+        except PoolExistsError:
+            raise PoolExistsError(
+                f"pool '{args.name}' already exists: pass --replace to replace it, "
+                "or destroy it first"
+            ) from None
     elapsed = time.perf_counter() - start
     with pool:
         stats = pool.stats()
@@ -248,16 +273,26 @@ def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
 def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
     with kvcache.open(args.name) as pool:
         stats = pool.stats()
-    if not args.yes and sys.stdin.isatty():
-        answer = input(
-            f"destroy pool '{args.name}' ({stats.num_entries} entries, "
-            f"{format_size(stats.used_bytes)} used)? [y/N] "
-        )
-        if answer.strip().lower() not in ("y", "yes"):
-            raise KVCacheError("not destroyed: answer y to confirm, or pass --yes")
+    if not args.yes:
+        _confirm_destroy(args.name, stats)
     kvcache.destroy(args.name)
     out.line(f"destroyed pool '{args.name}'")
     return {"destroyed": args.name, "num_entries": stats.num_entries}
+
+
+def _confirm_destroy(name: str, stats: PoolStats) -> None:
+    """Ask on a terminal; elsewhere (a script, a pipe) nobody can answer, so refuse."""
+    if not sys.stdin.isatty():
+        raise KVCacheError(
+            "not destroyed: stdin is not a terminal to confirm on: "
+            f"pass --yes to destroy pool '{name}'"
+        )
+    answer = input(
+        f"destroy pool '{name}' ({stats.num_entries} entries, "
+        f"{format_size(stats.used_bytes)} used)? [y/N] "
+    )
+    if answer.strip().lower() not in ("y", "yes"):
+        raise KVCacheError("not destroyed: answer y to confirm, or pass --yes")
 
 
 def policies(args: argparse.Namespace, out: Output) -> dict[str, object]:
@@ -281,15 +316,13 @@ COMMANDS = {
 
 
 def _octal_mode(text: str) -> int:
+    """``--mode`` as a number; whether it is a safe mode is the API's to check."""
     try:
-        mode = int(text, 8)
+        return int(text, 8)
     except ValueError:
         raise InvalidArgument(
             f"--mode {text!r} is not octal permissions such as 600 or 660"
         ) from None
-    if not 0 <= mode <= 0o777:
-        raise InvalidArgument(f"--mode {text!r} is out of range: use e.g. 600 or 660")
-    return mode
 
 
 def _attached(pids: tuple[int, ...], num_elsewhere: int) -> str:

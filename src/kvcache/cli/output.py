@@ -20,13 +20,20 @@ from rich.table import Table
 from ..snapshot import Progress as ProgressCallback
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit with status 1 here; cli.run handles a reader that left
+        # once, for tables and JSON alike (exit status 141).
+        raise BrokenPipeError
+
+
 class Output:
     """Prints human output unless ``--json`` was given; JSON is printed once, at the end."""
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
         interactive = sys.stdout.isatty()
-        self.console = Console(highlight=False, width=None if interactive else 160)
+        self.console = _Console(highlight=False, width=None if interactive else 160)
         self.interactive = interactive and not as_json
 
     def line(self, text: str) -> None:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import NoReturn
 
+from .. import __version__
 from ..policies import POLICIES
 from ..pool import ENTRY_SORTS
+
+VERSION = f"kvcache {__version__}"
+"""What ``cortex --version`` and ``cortex cache --version`` print."""
 
 
 class UsageError(Exception):
@@ -19,7 +24,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _command(
-    sub: argparse._SubParsersAction, name: str, summary: str, example: str, **kwargs: object
+    sub: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    example: str,
+    aliases: Sequence[str] = (),
 ) -> argparse.ArgumentParser:
     return sub.add_parser(  # type: ignore[no-any-return]
         name,
@@ -27,11 +36,18 @@ def _command(
         description=summary,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        aliases=aliases,
     )
 
 
 def _json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+
+
+def _force(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force", action="store_true", help="allow a --mode that lets other users in (e.g. 666)"
+    )
 
 
 def build(prog: str) -> argparse.ArgumentParser:
@@ -42,32 +58,39 @@ def build(prog: str) -> argparse.ArgumentParser:
         epilog="example:\n  cortex cache create llama-cache --size 16G",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    root.add_argument("--version", action="version", version=VERSION)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     e = "cortex cache"
 
     p = _command(sub, "create", "create a pool", f"{e} create llama-cache --size 16G --policy lru")
     p.add_argument("name")
-    p.add_argument("--size", required=True, help="room for data: 16G, 512M, 1.5G (binary units)")
+    p.add_argument(
+        "--size",
+        required=True,
+        help="room for data: 16G (or 16Gi, 16GiB), 512M, 1.5G (binary units)",
+    )
     p.add_argument(
         "--tier",
         default="cpu",
-        choices=["cpu", "disk", "gpu"],
-        help="where pages live (default cpu)",
+        choices=["cpu"],
+        help="where pages live: cpu (shared memory), the only tier so far",
     )
-    p.add_argument("--path", help="folder for --tier disk")
     p.add_argument(
         "--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)} (default lru)"
     )
     p.add_argument(
         "--page-size", default="64K", help="allocation unit, power of two 1K-256M (default 64K)"
     )
-    p.add_argument("--max-entries", type=_whole_number, help="entry slots (default: one per page)")
+    p.add_argument(
+        "--max-entries", type=_positive_number, help="entry slots, 1 or more (default one per page)"
+    )
     p.add_argument("--ttl", help="default expiry of entries: 90s, 15m, 1h (default never)")
     p.add_argument("--prealloc", action="store_true", help="reserve all memory now")
     p.add_argument(
         "--mode", default="600", help="octal permissions, e.g. 660 to share with a group"
     )
+    _force(p)
     p.add_argument(
         "--restore", action="store_true", help="fill it from its snapshot, if there is one"
     )
@@ -124,6 +147,8 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--size", help="a different pool size (if smaller, the policy decides what stays)"
     )
+    p.add_argument("--mode", help="octal permissions, e.g. 660 (default: the snapshot's)")
+    _force(p)
     _json(p)
 
     p = _command(
@@ -155,4 +180,11 @@ def _whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _positive_number(text: str) -> int:
+    value = _whole_number(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value

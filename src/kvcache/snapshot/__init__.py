@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import segment, transfer
 from ..config import PoolConfig
-from ..errors import PoolExistsError, SnapshotError
+from ..errors import InvalidArgument, PoolExistsError, SnapshotError
 from ..layout import ENTRY_DTYPE
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool, create_from_config
@@ -57,6 +57,7 @@ class SnapshotInfo:
     path: Path
     name: str
     config: PoolConfig
+    mode: int  # the pool file's permission bits; restored unless restore(mode=) says otherwise
     num_entries: int
     data_bytes: int
     file_bytes: int
@@ -69,6 +70,7 @@ class SnapshotInfo:
             "path": str(self.path),
             "name": self.name,
             "config": self.config.to_dict(),
+            "mode": f"{self.mode:o}",
             "num_entries": self.num_entries,
             "data_bytes": self.data_bytes,
             "file_bytes": self.file_bytes,
@@ -110,6 +112,7 @@ def persist(
     """
     target = Path(path) if path is not None else files.default_path(pool.name)
     clock, ids, entries = pool._snapshot_table()
+    mode = stat.S_IMODE(os.fstat(pool._segment.fd).st_mode)
     total = int((entries["key_len"] + entries["header_len"] + entries["value_len"]).sum())
     created_at = time.time()
 
@@ -142,7 +145,11 @@ def persist(
         # was written stays detectably damaged in the file (restore skips it).
         records["checksum"] = entries["checksum"][kept].view(np.uint64)
         os.pwrite(fd, records.tobytes(), HEADER_BYTES + offset)
-        os.pwrite(fd, encode_header(pool.name, pool.config, created_at, clock, records, offset), 0)
+        os.pwrite(
+            fd,
+            encode_header(pool.name, pool.config, created_at, clock, records, offset, mode=mode),
+            0,
+        )
 
     files.write_atomically(target, write)
     return target
@@ -160,6 +167,7 @@ def inspect_snapshot(path: str | os.PathLike[str]) -> SnapshotInfo:
             path=reader.path,
             name=bytes(header["name"]).decode("utf-8", "replace"),
             config=reader.config,
+            mode=reader.mode,
             num_entries=len(reader.records),
             data_bytes=int(header["data_bytes"]),
             file_bytes=reader.file_bytes,
@@ -174,10 +182,24 @@ def restore(
     *,
     replace: bool = False,
     size: str | int | None = None,
+    config: PoolConfig | None = None,
+    mode: int | None = None,
+    force: bool = False,
+    prealloc: bool = False,
     progress: Progress | None = None,
 ) -> Pool:
     """Recreate pool ``name`` from a snapshot and open it (see :func:`restore_with_report`)."""
-    pool, _ = restore_with_report(name, path, replace=replace, size=size, progress=progress)
+    pool, _ = restore_with_report(
+        name,
+        path,
+        replace=replace,
+        size=size,
+        config=config,
+        mode=mode,
+        force=force,
+        prealloc=prealloc,
+        progress=progress,
+    )
     return pool
 
 
@@ -187,30 +209,45 @@ def restore_with_report(
     *,
     replace: bool = False,
     size: str | int | None = None,
+    config: PoolConfig | None = None,
+    mode: int | None = None,
+    force: bool = False,
+    prealloc: bool = False,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.time,
 ) -> tuple[Pool, RestoreReport]:
-    """Recreate pool ``name`` from a snapshot, with the snapshot's configuration.
+    """Recreate pool ``name`` from a snapshot, with the snapshot's configuration and mode.
 
     Args:
         path: the snapshot; default ``default_path(name)``.
         replace: replace an existing pool of that name (once the new one is complete).
         size: a different pool size; if smaller, the policy decides what stays.
+        config: a whole new configuration instead of the snapshot's (``create
+            --restore``: the pool its flags describe, filled from the snapshot);
+            what does not fit is chosen by its policy. Not with ``size``.
+        mode: file permissions; default the snapshot's (0600 if it recorded none).
+        force: accept a mode that gives other users access (see :func:`kvcache.create`).
+        prealloc: reserve all memory now rather than as pages are first used.
         progress: called with (bytes read, bytes to read).
         clock: wall clock, to leave out entries that expired meanwhile.
 
     Raises:
         SnapshotError: the file is missing, foreign, future-version, truncated or damaged.
         PoolExistsError: the pool exists and ``replace`` is False.
+        InvalidArgument: a bad size or mode, or both ``size`` and ``config``.
     """
     segment.validate_name(name)
+    if size is not None and config is not None:
+        raise InvalidArgument("give restore a size or a config, not both: the config has a size")
     source = Path(path) if path is not None else files.default_path(name)
     if not replace and name in segment.list_names():
         raise PoolExistsError(
-            f"pool '{name}' already exists: pass replace=True (--replace) or destroy it"
+            f"pool '{name}' already exists: restore with replace=True, or destroy it first"
         )
     with _Reader(source) as reader:
-        config = reader.config
+        mode = segment.check_mode(reader.mode if mode is None else mode, force=force)
+        if config is None:
+            config = reader.config
         if size is not None:
             config = replace_size(config, parse_size(size, what="pool size"))
         records = reader.records
@@ -219,7 +256,9 @@ def restore_with_report(
         keep = _choose_survivors(records[alive], config, int(reader.header["clock"]), now)
         chosen = alive[keep]
         chosen = chosen[np.argsort(records["offset"][chosen], kind="stable")]  # read sequentially
-        builder = create_from_config(name, config, clock=clock, hidden=True)
+        builder = create_from_config(
+            name, config, mode=mode, prealloc=prealloc, clock=clock, hidden=True
+        )
         seg = builder._segment
         try:
             skipped = _load(reader, builder, records, chosen, progress)
@@ -337,6 +376,7 @@ class _Reader:
             self.file_bytes = info.st_size
             raw_header = os.pread(self.fd, HEADER_BYTES, 0)
             self.header, self.config = decode_header(raw_header, self.file_bytes, where)
+            self.mode = int(self.header["mode"]) or segment.DEFAULT_MODE  # 0: not recorded
             records_offset = int(self.header["records_offset"])
             record_bytes = os.pread(self.fd, self.file_bytes - records_offset, records_offset)
             self.records = check_records(self.header, raw_header, record_bytes, where)

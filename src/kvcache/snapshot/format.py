@@ -4,7 +4,7 @@ All integers are little-endian; the full description is in ``docs/snapshot-forma
 
     offset 0          +------------------------------+
                       | header (512 bytes)           |  magic "KVSNAP\\0\\1", version,
-                      |                              |  pool name and configuration,
+                      |                              |  pool name, configuration, mode,
                       |                              |  counts, offsets, checksum
     512               +------------------------------+
                       | data (data_bytes)            |  each entry's key | value header |
@@ -56,6 +56,9 @@ HEADER_DTYPE = np.dtype(
         ("data_bytes", "<i8"),
         ("records_offset", "<i8"),
         ("checksum", "<u8"),
+        # Added within version 1, in what was the zeroed tail: 0 = not recorded
+        # (an older writer), restored as 0600. Older readers ignore it.
+        ("mode", "<i8"),  # the pool file's permission bits
     ]
 )
 assert HEADER_DTYPE.itemsize <= HEADER_BYTES
@@ -85,6 +88,8 @@ def encode_header(
     clock: int,
     records: np.ndarray,
     data_bytes: int,
+    *,
+    mode: int,
 ) -> bytes:
     """The 512-byte header for ``records`` (already in file order)."""
     header = np.zeros((), HEADER_DTYPE)
@@ -92,6 +97,7 @@ def encode_header(
     header["format_version"] = FORMAT_VERSION
     header["header_bytes"] = HEADER_BYTES
     header["name"] = name.encode()
+    header["mode"] = mode
     header["created_at"] = created_at
     for field in (
         "size_bytes",
