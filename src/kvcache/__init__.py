@@ -4,6 +4,7 @@ A pool is one file in ``/dev/shm`` that any number of processes map. Its
 parts, bottom up (each module opens with its own overview):
 
 - ``segment``   create/attach/unlink the file; names, permissions, reservation
+- ``builds``    leases on files under construction; removing abandoned ones
 - ``layout``    the binary layout: header, process table, entry table, live
                 list, key index, page links, data pages
 - ``lock``      thread + process exclusion; detects holders that died
