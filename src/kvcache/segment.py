@@ -8,7 +8,9 @@ outlive ``cortex cache create``.
 Creation builds the whole segment under a hidden temporary name and then
 ``link()``s it to the final name, which fails if the name exists: other
 processes therefore see either no pool or a complete one, never a half-made
-header, and a failed create leaves nothing behind.
+header, and a failed create leaves nothing behind. The builder holds a lease
+on its hidden file until then (``builds``), so that ``create`` and
+``list_names`` can remove the hidden files of builders that died.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from . import builds
 from .errors import (
     IncompatiblePoolError,
     InvalidArgument,
@@ -36,6 +39,8 @@ PREFIX = "kvcache."
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+; Python 3.13+ names it
 MAX_NAME_CHARS = 100
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a trailing newline
+_HIDDEN = re.compile(r"^\.kvcache\.[A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{12}\Z")
+"""A pool being built: ``.kvcache.<name>.<12 hex digits>``."""
 
 
 def shm_dir() -> Path:
@@ -67,11 +72,15 @@ def segment_path(name: str) -> Path:
 
 
 def list_names() -> list[str]:
-    """Names of the pools in the shared-memory folder, sorted."""
+    """Names of the pools in the shared-memory folder, sorted.
+
+    Hidden files of creates and restores whose process died are removed on the way.
+    """
     try:
         files = os.listdir(shm_dir())
     except FileNotFoundError:
         return []
+    _remove_abandoned_builds(shm_dir(), files)
     return sorted(
         f[len(PREFIX) :] for f in files if f.startswith(PREFIX) and _NAME.match(f[len(PREFIX) :])
     )
@@ -151,6 +160,7 @@ def create(
     if final.exists() and not hidden:
         raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first")
     _check_capacity(final.parent, size_bytes, name)
+    _remove_abandoned_builds(final.parent, os.listdir(final.parent))
     temp = final.parent / f".{PREFIX}{name}.{secrets.token_hex(6)}"
     try:
         fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -160,6 +170,7 @@ def create(
         ) from exc
     segment = None
     try:
+        builds.hold(fd)
         os.fchmod(fd, mode)
         os.ftruncate(fd, size_bytes)
         segment = Segment(name, temp, fd, size_bytes)
@@ -198,6 +209,7 @@ def publish(segment: Segment, *, replace: bool) -> None:
             ) from exc
         os.unlink(segment.path)
     segment.path = final
+    builds.release(segment.fd)  # only now: until here a cleaner must see a live builder
 
 
 def attach(name: str) -> Segment:
@@ -241,6 +253,10 @@ def unlink(name: str) -> None:
         raise IncompatiblePoolError(
             f"{segment_path(name)} is a directory, not a kvcache pool"
         ) from exc
+
+
+def _remove_abandoned_builds(folder: Path, files: list[str]) -> None:
+    builds.remove_abandoned(folder / f for f in files if _HIDDEN.match(f))
 
 
 def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:
