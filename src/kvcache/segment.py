@@ -11,6 +11,10 @@ processes therefore see either no pool or a complete one, never a half-made
 header, and a failed create leaves nothing behind. The builder holds a lease
 on its hidden file until then (``builds``), so that ``create`` and
 ``list_names`` can remove the hidden files of builders that died.
+
+Every reservation of memory is first checked against what the machine can
+give (``memory.Room``): RAM, the cgroup's limit and the folder's free space
+for a folder in RAM (tier ``cpu``), the disk's free space otherwise (``disk``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import re
 import secrets
 import stat
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
-from . import builds
+from . import builds, memory
 from .errors import (
     IncompatiblePoolError,
     InvalidArgument,
@@ -41,6 +46,7 @@ MAX_NAME_CHARS = 100
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a trailing newline
 _HIDDEN = re.compile(r"^\.kvcache\.[A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{12}\Z")
 """A pool being built: ``.kvcache.<name>.<12 hex digits>``."""
+GROWTH_ADVICE = "evict, destroy unused pools, or free memory"
 
 
 def shm_dir() -> Path:
@@ -96,17 +102,28 @@ class Segment:
         self.size_bytes = size_bytes
         self.buffer = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
-    def reserve(self, offset: int, length: int, *, populate: bool = False) -> None:
+    @cached_property
+    def room(self) -> memory.Room:
+        """What the machine can give this pool (found out at the first reservation)."""
+        return memory.Room(self.path.parent)
+
+    def reserve(
+        self, offset: int, length: int, *, populate: bool = False, advice: str = GROWTH_ADVICE
+    ) -> None:
         """Back ``[offset, offset+length)`` with memory now, so later stores cannot SIGBUS.
 
         Args:
             populate: also map the range into this process now, in one call
                 rather than one page fault per 4 KiB on first write (measured:
                 1.6 -> 1.9 GB/s for first writes to fresh pages).
+            advice: what to do if the machine cannot give the memory.
 
         Raises:
+            NotEnoughMemoryError: the reservation would leave the machine (RAM,
+                cgroup, folder) with less than its margin; nothing was reserved.
             OutOfSharedMemoryError: the shared-memory filesystem is full.
         """
+        self.room.require(length, f"pool '{self.name}'", advice)
         try:
             os.posix_fallocate(self.fd, offset, length)
         except OSError as exc:
@@ -154,7 +171,7 @@ def create(
             unpublished, discarded segment leaves no trace.
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
+        PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument.
     """
     final = segment_path(name)
     if final.exists() and not hidden:
@@ -174,7 +191,7 @@ def create(
         os.fchmod(fd, mode)
         os.ftruncate(fd, size_bytes)
         segment = Segment(name, temp, fd, size_bytes)
-        segment.reserve(0, reserve_bytes)
+        segment.reserve(0, reserve_bytes, advice=_create_advice(reserve_bytes == size_bytes))
         initialise(segment)
         if not hidden:
             publish(segment, replace=False)
@@ -255,6 +272,12 @@ def unlink(name: str) -> None:
         ) from exc
 
 
+def _create_advice(prealloc: bool) -> str:
+    if prealloc:
+        return "choose a smaller --size, or leave out --prealloc (then pages are reserved as used)"
+    return "free memory (destroy unused pools, stop other processes)"
+
+
 def _remove_abandoned_builds(folder: Path, files: list[str]) -> None:
     builds.remove_abandoned(folder / f for f in files if _HIDDEN.match(f))
 
@@ -265,7 +288,7 @@ def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:
     except FileNotFoundError as exc:
         raise OutOfSharedMemoryError(f"{folder} does not exist: is /dev/shm mounted?") from exc
     capacity = fs.f_blocks * fs.f_frsize
-    if size_bytes > capacity:
+    if capacity and size_bytes > capacity:  # ramfs has no capacity (0): RAM is its limit
         raise OutOfSharedMemoryError(
             f"pool '{name}' needs {format_size(size_bytes)} but {folder} holds at most "
             f"{format_size(capacity)}: "
