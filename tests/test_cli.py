@@ -244,6 +244,32 @@ def test_health_repair_mends_a_damaged_pool(names):
     assert cortex_json("health", name)["consistent"] is True
 
 
+def test_a_pool_folder_on_a_disk_is_tier_disk(tmp_path, monkeypatch):
+    """Regression: create, list and status said "tier cpu" for a pool that
+    ``$KVCACHE_SHM_DIR`` put on a disk."""
+    if kvcache.memory.is_ram_backed(tmp_path):
+        pytest.skip(f"{tmp_path} is in RAM here: no disk folder to test with")
+    monkeypatch.setenv("KVCACHE_SHM_DIR", str(tmp_path))
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    try:
+        created = cortex("create", name, "--size", "1M")
+        assert created.stdout.strip().endswith("tier disk"), created.stdout
+        assert cortex_json("list")["pools"][0]["tier"] == "disk"
+        assert cortex("list").stdout.splitlines()[1].split()[-1] == "disk"
+        assert cortex_json("status", name)["tier"] == "disk"
+        assert ("tier", "disk") in [
+            tuple(r.split()) for r in cortex("status", name).stdout.splitlines()
+        ]
+    finally:
+        kvcache.destroy(name)
+    monkeypatch.delenv("KVCACHE_SHM_DIR")
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    try:
+        assert cortex_json("create", name, "--size", "1M")["tier"] == "cpu"  # /dev/shm
+    finally:
+        kvcache.destroy(name)
+
+
 # ------------------------------------------------------------------ bad input
 
 

@@ -235,6 +235,13 @@ def disk_folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def test_tiers_of_real_folders(mount_tmpfs: Callable[[str], Path], disk_folder: Path) -> None:
+    assert segment.tier_of(Path("/dev/shm")) == "cpu"
+    assert segment.tier_of(mount_tmpfs("1m") / "pools") == "cpu"
+    assert segment.tier_of(disk_folder) == "disk"
+    assert memory.Room(Path("/dev/shm")).ram_backed
+
+
 def test_prealloc_beyond_what_the_machine_can_give_is_refused_leaving_nothing(pool_name):
     """Regression: ``create --size 20G --prealloc`` on a 24 GiB machine was OOM-killed
     (exit 137) and left a hidden 21.5 GiB file in /dev/shm. The size asked for here fits

@@ -54,6 +54,11 @@ def shm_dir() -> Path:
     return Path(os.environ.get("KVCACHE_SHM_DIR", "/dev/shm"))
 
 
+def tier_of(folder: Path | None = None) -> str:
+    """``cpu`` if pools in ``folder`` (default: :func:`shm_dir`) live in RAM, else ``disk``."""
+    return "cpu" if memory.is_ram_backed(folder or shm_dir()) else "disk"
+
+
 def validate_name(name: str) -> str:
     """Return ``name`` if it is a safe pool name, else raise :class:`InvalidArgument`.
 

@@ -58,18 +58,21 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         mode=mode,
     ) as pool:
         stats, config = pool.stats(), pool.config
+    tier = kvcache.segment.tier_of()
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
-        f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, tier cpu"
+        f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
+        f"tier {tier}"
     )
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
-    return {"created": stats.to_dict(), "config": config.to_dict(), "tier": "cpu"}
+    return {"created": stats.to_dict(), "config": config.to_dict(), "tier": tier}
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
     rows: list[tuple[object, ...]] = []
     docs: list[dict[str, object]] = []
+    tier = kvcache.segment.tier_of()  # every pool lives in the one folder
     for name in kvcache.list_pools():
         try:
             with kvcache.open(name) as pool:
@@ -78,7 +81,7 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
             docs.append({"name": name, "error": str(exc)})
             rows.append((name, "-", "-", "-", "-", "unreadable", "-"))
             continue
-        docs.append({**stats.to_dict(), "tier": "cpu"})
+        docs.append({**stats.to_dict(), "tier": tier})
         rows.append(
             (
                 name,
@@ -87,7 +90,7 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 stats.num_entries,
                 f"{stats.hit_rate:.1%}",
                 stats.policy,
-                "cpu",
+                tier,
             )
         )
     if rows:
@@ -111,7 +114,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     doc = {
         **stats.to_dict(),
         "config": config.to_dict(),
-        "tier": "cpu",
+        "tier": kvcache.segment.tier_of(),
         "path": str(kvcache.segment.segment_path(args.name)),
         "snapshot": {"path": str(snapshot), "age_s": snapshot_age}
         if snapshot_age is not None
@@ -120,7 +123,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     rows = [
         ("pool", args.name),
         ("path", doc["path"]),
-        ("tier", "cpu"),
+        ("tier", doc["tier"]),
         ("policy", stats.policy),
         ("size", format_size(stats.size_bytes)),
         ("used", f"{format_size(stats.used_bytes)} ({stats.used_bytes / stats.size_bytes:.1%})"),
