@@ -159,7 +159,8 @@ class Pool(EvictionMixin):
         Raises:
             ValueTooLargeError: key and value exceed the whole pool.
             PoolFullError: no room can be made (all space is being written).
-            OutOfSharedMemoryError: /dev/shm is full.
+            OutOfSharedMemoryError: /dev/shm is full (``NotEnoughMemoryError``:
+                the pool cannot grow without leaving the machine short of memory).
             InvalidArgument: bad key, value, priority or ttl.
         """
         key_bytes, flags = _key_bytes(key)
@@ -683,7 +684,8 @@ def create(
         clock, rng: injectable time and randomness (tests).
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
+        PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
+        NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
     """
     segment.validate_name(name)
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
