@@ -102,6 +102,19 @@ def test_memavailable_keeps_a_margin(fake: FakeProc) -> None:
     assert isinstance(info.value, kvcache.OutOfSharedMemoryError)
 
 
+def test_limits_are_read_again_once_a_sixteenth_of_the_room_is_used(fake: FakeProc) -> None:
+    """Reading the limits costs 4% of filling a fresh pool if done at every 8 MiB; a
+    Room trusts a reading for 1/16 of the room it found, and re-reads after that."""
+    fake.in_cgroups("0::/")
+    room = fake.room()
+    room.require(G, "pool 'x'", "")  # 7 GiB of room: 6 GiB left, 384 MiB on credit
+    fake.meminfo(total=16 * G, available=G)  # another process took 7 GiB meanwhile
+    for _ in range(48):
+        room.require(8 * M, "pool 'x'", "")  # on credit: the reading is not repeated
+    with pytest.raises(NotEnoughMemoryError, match=r"only 0B is available"):
+        room.require(8 * M, "pool 'x'", "evict")  # credit spent: a fresh reading refuses
+
+
 def test_margin_is_a_gibibyte_or_a_sixteenth_of_small_limits() -> None:
     assert memory.margin_for(24 * G) == G
     assert memory.margin_for(1 << 40) == G
