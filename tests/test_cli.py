@@ -370,7 +370,7 @@ def test_list_leaves_out_a_pool_destroyed_after_listing(names):
     cortex_json("create", gone, "--size", "4M")
     listed = [n for n in kvcache.list_pools() if n in (kept, gone)]
     kvcache.destroy(gone)  # after the listing, before the pool is opened
-    described = [commands._describe_pool(name) for name in listed]
+    described = [commands._describe_pool(name, "cpu") for name in listed]
     assert [d[0]["name"] for d in described if d is not None] == [kept]
     assert described[listed.index(kept)][1][5] == "lru"
 
@@ -449,6 +449,32 @@ def test_piped_into_head_stops_quietly(names, as_json):
     assert writer.stderr.read() == b""
     first = head.stdout.decode()
     assert first.count("\n") == 1 and first.startswith("{" if as_json else "KEY")
+
+
+def test_a_pool_folder_on_a_disk_is_tier_disk(tmp_path, monkeypatch):
+    """Regression: create, list and status said "tier cpu" for a pool that
+    ``$KVCACHE_SHM_DIR`` put on a disk."""
+    if kvcache.memory.is_ram_backed(tmp_path):
+        pytest.skip(f"{tmp_path} is in RAM here: no disk folder to test with")
+    monkeypatch.setenv("KVCACHE_SHM_DIR", str(tmp_path))
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    try:
+        created = cortex("create", name, "--size", "1M")
+        assert created.stdout.strip().endswith("tier disk"), created.stdout
+        assert cortex_json("list")["pools"][0]["tier"] == "disk"
+        assert cortex("list").stdout.splitlines()[1].split()[-1] == "disk"
+        assert cortex_json("status", name)["tier"] == "disk"
+        assert ("tier", "disk") in [
+            tuple(r.split()) for r in cortex("status", name).stdout.splitlines()
+        ]
+    finally:
+        kvcache.destroy(name)
+    monkeypatch.delenv("KVCACHE_SHM_DIR")
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    try:
+        assert cortex_json("create", name, "--size", "1M")["tier"] == "cpu"  # /dev/shm
+    finally:
+        kvcache.destroy(name)
 
 
 # ------------------------------------------------------------------ bad input

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache import InvalidArgument, PoolExistsError, SnapshotError
+from kvcache import InvalidArgument, PoolExistsError, SnapshotError, builds
 from kvcache.layout import H
 from kvcache.policies import POLICIES
 from kvcache.snapshot import format as snapshot_format
@@ -793,6 +793,10 @@ def test_process_killed_mid_persist_leaves_the_previous_snapshot(make_pool, pool
         pool.put("after-crash", b"ok")
         assert pool.get("after-crash") == b"ok"
         # the next persist to the same path removes the dead writer's leftover
+        # (once older than the moment a writer takes between creating it and
+        # leasing it: pretend the crash was a minute ago)
+        for leftover in tmp_path.glob(".*.tmp"):
+            _make_old(leftover)
         pool.persist(target)
         assert sorted(os.listdir(tmp_path)) == [target.name]
     finally:
@@ -845,14 +849,26 @@ def test_full_disk_is_a_clear_error_and_keeps_the_previous_snapshot(
     assert pool.get("big-3") is not None
 
 
+def _make_old(path: Path) -> None:
+    """Set ``path``'s modification time a minute back, as if its writer died back then."""
+    then = time.time() - 60
+    os.utime(path, (then, then))
+
+
 def test_a_live_writers_temporary_file_is_left_alone(make_pool, tmp_path):
-    """Only temporary files of dead writers are removed: a live persist keeps its own."""
+    """Only temporary files whose writer's lease is gone are removed: a live persist keeps
+    its own (the lease is an OFD lock, held here through a description of its own)."""
     pool = make_pool("1M")
     pool.put("a", b"1")
     target = tmp_path / "pool.kvsnap"
-    live = tmp_path / f".{target.name}.{os.getpid()}-{kvcache.procs.me().start}.abc.tmp"
-    live.write_bytes(b"in progress")
-    dead = tmp_path / f".{target.name}.999999999-1.abc.tmp"
-    dead.write_bytes(b"abandoned")
-    pool.persist(target)
-    assert live.exists() and not dead.exists()
+    live, dead = (tmp_path / f".{target.name}.{tag * 6}.tmp" for tag in ("ab", "cd"))
+    fd = os.open(live, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        builds.hold(fd)
+        dead.write_bytes(b"abandoned")
+        for path in (live, dead):
+            _make_old(path)
+        pool.persist(target)
+        assert live.exists() and not dead.exists()
+    finally:
+        os.close(fd)

@@ -4,6 +4,8 @@ A pool is one file in ``/dev/shm`` that any number of processes map. Its
 parts, bottom up (each module opens with its own overview):
 
 - ``segment``   create/attach/unlink the file; names, permissions, reservation
+- ``memory``    what RAM, the cgroup and the folder can still give a reservation
+- ``builds``    leases on files under construction; removing abandoned ones
 - ``layout``    the binary layout: header, process table, entry table, live
                 list, key index, page links, data pages
 - ``leases``    kernel-held OFD byte-range locks: liveness in every PID namespace
@@ -40,6 +42,7 @@ from .errors import (
     IncompatiblePoolError,
     InvalidArgument,
     KVCacheError,
+    NotEnoughMemoryError,
     OutOfSharedMemoryError,
     PoolClosedError,
     PoolExistsError,
@@ -64,6 +67,7 @@ __all__ = [
     "InvalidArgument",
     "KVCacheError",
     "KVLayout",
+    "NotEnoughMemoryError",
     "OutOfSharedMemoryError",
     "Pool",
     "PoolClosedError",

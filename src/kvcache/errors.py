@@ -52,5 +52,9 @@ class OutOfSharedMemoryError(KVCacheError, OSError):
     """The shared-memory filesystem (/dev/shm) has no room for the pool's pages."""
 
 
+class NotEnoughMemoryError(OutOfSharedMemoryError):
+    """Reserving a pool's memory would leave the machine, its cgroup or the folder short."""
+
+
 class DependencyError(KVCacheError, ImportError):
     """An optional dependency (torch, transformers) is missing or of an unsupported version."""

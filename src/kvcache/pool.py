@@ -190,7 +190,8 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
         Raises:
             ValueTooLargeError: key and value exceed the whole pool.
             PoolFullError: no room can be made (all space is being written).
-            OutOfSharedMemoryError: /dev/shm is full.
+            OutOfSharedMemoryError: /dev/shm is full (``NotEnoughMemoryError``:
+                the pool cannot grow without leaving the machine short of memory).
             InvalidArgument: bad key, value, priority or ttl.
         """
         key_bytes, flags = _key_bytes(key)
@@ -928,7 +929,8 @@ def create(
         clock, rng: injectable time and randomness (tests).
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
+        PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
+        NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
     """
     segment.validate_name(name)
     segment.check_mode(mode, force=force)

@@ -8,7 +8,13 @@ outlive ``cortex cache create``.
 Creation builds the whole segment under a hidden temporary name and then
 ``link()``s it to the final name, which fails if the name exists: other
 processes therefore see either no pool or a complete one, never a half-made
-header, and a failed create leaves nothing behind.
+header, and a failed create leaves nothing behind. The builder holds a lease
+on its hidden file until then (``builds``), so that ``create`` and
+``list_names`` can remove the hidden files of builders that died.
+
+Every reservation of memory is first checked against what the machine can
+give (``memory.Room``): RAM, the cgroup's limit and the folder's free space
+for a folder in RAM (tier ``cpu``), the disk's free space otherwise (``disk``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import re
 import secrets
 import stat
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
+from . import builds, memory
 from .errors import (
     IncompatiblePoolError,
     InvalidArgument,
@@ -38,11 +46,19 @@ MAX_NAME_CHARS = 100
 DEFAULT_MODE = 0o600
 """Pools are private to their user unless the creator names a group (0o660)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a trailing newline
+_HIDDEN = re.compile(r"^\.kvcache\.[A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{12}\Z")
+"""A pool being built: ``.kvcache.<name>.<12 hex digits>``."""
+GROWTH_ADVICE = "evict, destroy unused pools, or free memory"
 
 
 def shm_dir() -> Path:
     """The folder that holds pool segments (``/dev/shm`` unless ``$KVCACHE_SHM_DIR``)."""
     return Path(os.environ.get("KVCACHE_SHM_DIR", "/dev/shm"))
+
+
+def tier_of(folder: Path | None = None) -> str:
+    """``cpu`` if pools in ``folder`` (default: :func:`shm_dir`) live in RAM, else ``disk``."""
+    return "cpu" if memory.is_ram_backed(folder or shm_dir()) else "disk"
 
 
 def validate_name(name: str) -> str:
@@ -101,11 +117,15 @@ def segment_path(name: str) -> Path:
 
 
 def list_names() -> list[str]:
-    """Names of the pools in the shared-memory folder, sorted."""
+    """Names of the pools in the shared-memory folder, sorted.
+
+    Hidden files of creates and restores whose process died are removed on the way.
+    """
     try:
         files = os.listdir(shm_dir())
     except FileNotFoundError:
         return []
+    _remove_abandoned_builds(shm_dir(), files)
     return sorted(
         f[len(PREFIX) :] for f in files if f.startswith(PREFIX) and _NAME.match(f[len(PREFIX) :])
     )
@@ -121,17 +141,28 @@ class Segment:
         self.size_bytes = size_bytes
         self.buffer = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
-    def reserve(self, offset: int, length: int, *, populate: bool = False) -> None:
+    @cached_property
+    def room(self) -> memory.Room:
+        """What the machine can give this pool (found out at the first reservation)."""
+        return memory.Room(self.path.parent)
+
+    def reserve(
+        self, offset: int, length: int, *, populate: bool = False, advice: str = GROWTH_ADVICE
+    ) -> None:
         """Back ``[offset, offset+length)`` with memory now, so later stores cannot SIGBUS.
 
         Args:
             populate: also map the range into this process now, in one call
                 rather than one page fault per 4 KiB on first write (measured:
                 1.6 -> 1.9 GB/s for first writes to fresh pages).
+            advice: what to do if the machine cannot give the memory.
 
         Raises:
+            NotEnoughMemoryError: the reservation would leave the machine (RAM,
+                cgroup, folder) with less than its margin; nothing was reserved.
             OutOfSharedMemoryError: the shared-memory filesystem is full.
         """
+        self.room.require(length, f"pool '{self.name}'", advice)
         try:
             os.posix_fallocate(self.fd, offset, length)
         except OSError as exc:
@@ -179,12 +210,13 @@ def create(
             unpublished, discarded segment leaves no trace.
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, InvalidArgument.
+        PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument.
     """
     final = segment_path(name)
     if final.exists() and not hidden:
         raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first")
     _check_capacity(final.parent, size_bytes, name)
+    _remove_abandoned_builds(final.parent, os.listdir(final.parent))
     temp = final.parent / f".{PREFIX}{name}.{secrets.token_hex(6)}"
     try:
         fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -194,10 +226,11 @@ def create(
         ) from exc
     segment = None
     try:
+        builds.hold(fd)
         os.fchmod(fd, mode)
         os.ftruncate(fd, size_bytes)
         segment = Segment(name, temp, fd, size_bytes)
-        segment.reserve(0, reserve_bytes)
+        segment.reserve(0, reserve_bytes, advice=_create_advice(reserve_bytes == size_bytes))
         initialise(segment)
         if not hidden:
             publish(segment, replace=False)
@@ -232,6 +265,7 @@ def publish(segment: Segment, *, replace: bool) -> None:
             ) from exc
         os.unlink(segment.path)
     segment.path = final
+    builds.release(segment.fd)  # only now: until here a cleaner must see a live builder
 
 
 def attach(name: str) -> Segment:
@@ -277,13 +311,23 @@ def unlink(name: str) -> None:
         ) from exc
 
 
+def _create_advice(prealloc: bool) -> str:
+    if prealloc:
+        return "choose a smaller --size, or leave out --prealloc (then pages are reserved as used)"
+    return "free memory (destroy unused pools, stop other processes)"
+
+
+def _remove_abandoned_builds(folder: Path, files: list[str]) -> None:
+    builds.remove_abandoned(folder / f for f in files if _HIDDEN.match(f))
+
+
 def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:
     try:
         fs = os.statvfs(folder)
     except FileNotFoundError as exc:
         raise OutOfSharedMemoryError(f"{folder} does not exist: is /dev/shm mounted?") from exc
     capacity = fs.f_blocks * fs.f_frsize
-    if size_bytes > capacity:
+    if capacity and size_bytes > capacity:  # ramfs has no capacity (0): RAM is its limit
         raise OutOfSharedMemoryError(
             f"pool '{name}' needs {format_size(size_bytes)} but {folder} holds at most "
             f"{format_size(capacity)}: "

@@ -70,17 +70,20 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         args.name, args.size, **options, prealloc=args.prealloc, mode=mode, force=args.force
     ) as pool:
         stats, config = pool.stats(), pool.config
+    tier = kvcache.segment.tier_of()
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
-        f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, tier cpu"
+        f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
+        f"tier {tier}"
     )
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
-    return {"created": stats.to_dict(), "config": config.to_dict(), "tier": "cpu"}
+    return {"created": stats.to_dict(), "config": config.to_dict(), "tier": tier}
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    described = [d for d in map(_describe_pool, kvcache.list_pools()) if d is not None]
+    tier = kvcache.segment.tier_of()  # every pool lives in the one folder
+    described = [d for d in (_describe_pool(n, tier) for n in kvcache.list_pools()) if d]
     docs = [doc for doc, _ in described]
     rows = [row for _, row in described]
     if rows:
@@ -94,7 +97,7 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
     return {"pools": docs}
 
 
-def _describe_pool(name: str) -> tuple[dict[str, object], tuple[object, ...]] | None:
+def _describe_pool(name: str, tier: str) -> tuple[dict[str, object], tuple[object, ...]] | None:
     """``list``'s JSON document and table row for one listed pool; None if it went away."""
     try:
         with kvcache.open(name) as pool:
@@ -110,9 +113,9 @@ def _describe_pool(name: str) -> tuple[dict[str, object], tuple[object, ...]] | 
         stats.num_entries,
         f"{stats.hit_rate:.1%}",
         stats.policy,
-        "cpu",
+        tier,
     )
-    return {**stats.to_dict(), "tier": "cpu"}, row
+    return {**stats.to_dict(), "tier": tier}, row
 
 
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
@@ -129,7 +132,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     doc = {
         **stats.to_dict(),
         "config": config.to_dict(),
-        "tier": "cpu",
+        "tier": kvcache.segment.tier_of(),
         "path": str(kvcache.segment.segment_path(args.name)),
         "snapshot": {"path": str(snapshot), "age_s": snapshot_age}
         if snapshot_age is not None
@@ -138,7 +141,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     rows = [
         ("pool", args.name),
         ("path", doc["path"]),
-        ("tier", "cpu"),
+        ("tier", doc["tier"]),
         ("policy", stats.policy),
         ("size", format_size(stats.size_bytes)),
         ("used", f"{format_size(stats.used_bytes)} ({stats.used_bytes / stats.size_bytes:.1%})"),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import segment, transfer
+from .. import memory, segment, transfer
 from ..config import PoolConfig
 from ..errors import InvalidArgument, PoolExistsError, SnapshotError
 from ..layout import ENTRY_DTYPE
@@ -256,6 +256,13 @@ def restore_with_report(
         keep = _choose_survivors(records[alive], config, int(reader.header["clock"]), now)
         chosen = alive[keep]
         chosen = chosen[np.argsort(records["offset"][chosen], kind="stable")]  # read sequentially
+        # Fail now rather than after filling most of the pool; each reservation
+        # is checked again as it happens (memory may go to others meanwhile).
+        memory.Room(segment.shm_dir()).require(
+            int(_pages(records[chosen], config).sum()) * config.page_size_bytes,
+            f"restoring pool '{name}'",
+            "restore into a smaller --size, destroy unused pools, or free memory",
+        )
         builder = create_from_config(
             name, config, mode=mode, prealloc=prealloc, clock=clock, hidden=True
         )
@@ -294,8 +301,7 @@ def _choose_survivors(
     records: np.ndarray, config: PoolConfig, clock: int, now: float
 ) -> np.ndarray:
     """Indexes of the records to restore: all if they fit, else the policy's keepers."""
-    total = records["key_len"] + records["header_len"] + records["value_len"]
-    pages = np.maximum(1, -(-total // config.page_size_bytes))
+    pages = _pages(records, config)
     if pages.sum() <= config.num_pages and len(records) <= config.max_entries:
         return np.arange(len(records))
     table = np.zeros(len(records), ENTRY_DTYPE)
@@ -310,6 +316,12 @@ def _choose_survivors(
     return (
         best_kept_first[np.flatnonzero(fits)] if fits.all() else best_kept_first[: np.argmin(fits)]
     )
+
+
+def _pages(records: np.ndarray, config: PoolConfig) -> np.ndarray:
+    """The pages each record's entry takes in a pool of ``config``."""
+    total = records["key_len"] + records["header_len"] + records["value_len"]
+    return np.maximum(1, -(-total // config.page_size_bytes))
 
 
 def _load(

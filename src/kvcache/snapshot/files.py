@@ -3,21 +3,23 @@
 A snapshot is written to a hidden temporary file in the destination folder,
 fsynced, renamed over the final name, and the folder is fsynced, so the final
 name always holds either the previous complete snapshot or the new complete
-one. Files are created 0600 and folders 0700. A temporary file left by a
-persist that was killed is removed by the next persist to the same path.
+one. Files are created 0600 and folders 0700. The writer holds a lease on
+its temporary file until the rename (``kvcache.builds``), so the next persist
+to the same path removes the temporary files of writers that were killed,
+and never one that is still being written, from any PID namespace.
 """
 
 from __future__ import annotations
 
 import errno
-import glob
 import os
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import builds
 from ..errors import SnapshotError
-from ..procs import me
 
 SUFFIX = ".kvsnap"
 
@@ -53,8 +55,7 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
             f"cannot create folder {folder} ({exc.strerror}): pick another --path"
         ) from exc
     _remove_abandoned_temps(path)
-    pid, start = me().pid, me().start
-    temp = folder / f".{path.name}.{pid}-{start}.{secrets.token_hex(6)}.tmp"
+    temp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -63,11 +64,12 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
         ) from exc
     try:
         try:
+            builds.hold(fd)
             write(fd)
             os.fsync(fd)
+            os.rename(temp, path)
         finally:
-            os.close(fd)
-        os.rename(temp, path)
+            os.close(fd)  # drops the lease: only after the rename, or a cleaner could strike first
     except OSError as exc:
         temp.unlink(missing_ok=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -85,14 +87,12 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
 def _remove_abandoned_temps(path: Path) -> None:
     """Delete temporary files that persists of ``path`` killed mid-write left behind.
 
-    A temp file's name carries its writer's pid and start time, so only files
-    of dead writers go; a concurrent persist by a live process is left alone.
+    Only files whose lease nobody holds go; a concurrent persist is left alone.
     """
-    for temp in path.parent.glob(f".{glob.escape(path.name)}.*-*.*.tmp"):
-        writer = temp.name[len(path.name) + 2 :].split(".", 1)[0]
-        pid, _, start = writer.partition("-")
-        if pid.isdigit() and start.isdigit() and not _is_alive(int(pid), int(start)):
-            temp.unlink(missing_ok=True)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.tmp\Z")
+    builds.remove_abandoned(
+        path.parent / name for name in os.listdir(path.parent) if pattern.match(name)
+    )
 
 
 def write_all(fd: int, views: list[memoryview]) -> None:
@@ -119,12 +119,3 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _is_alive(pid: int, start: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return int(stat[stat.rindex(b")") + 2 :].split()[19]) == start
