@@ -32,8 +32,11 @@ value at the start of the space it is given, so a header would land in the
 middle of the tokens; a trailer lands where the next chunk goes and is read
 before that chunk overwrites it (the last chunk needs 64 bytes of slack).
 
-Why a checksum: the pool does not checksum values, and a chunk damaged in
-memory or by a foreign writer must be a miss, never wrong attention.
+Why a checksum of its own: the pool's per-entry checksum is verified on read
+only with ``verify_reads`` (it costs a hash of every value read, all the
+time), while this one also covers the trailer fields a reader predicts (the
+chunk's position and namespace), so a chunk damaged in memory, written by a
+foreign writer, or filed under the wrong key is a miss, never wrong attention.
 """
 
 from __future__ import annotations
