@@ -154,6 +154,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("evictions", stats.evictions),
         ("expirations", stats.expirations),
         ("repairs", stats.repairs),
+        ("damaged", stats.damaged),
         ("attached", _attached(others, num_elsewhere)),
         (
             "snapshot",
