@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache.pool import _hash
+from kvcache.keys import key_hash as _hash
 
 Maker = Callable[..., kvcache.Pool]
 

@@ -17,8 +17,8 @@ import pytest
 
 import kvcache
 from kvcache import recovery, transfer
+from kvcache.keys import key_hash as _hash
 from kvcache.layout import ENTRY_WORDS, NO_PAGE, READY, WRITING, E, H
-from kvcache.pool import _hash
 
 Value = bytes | np.ndarray
 Stored = dict[str, Value]

@@ -13,6 +13,7 @@ parts, bottom up (each module opens with its own overview):
 - ``lock``      thread + process exclusion; detects holders that died
 - ``allocator`` fixed-size pages chained per value: no fragmentation failures
 - ``entries``   entry slots and the dense list of live entries
+- ``keys``      key validation and the 128-bit hash the index files keys by
 - ``index``     key hash -> entry, open addressing inside the segment
 - ``policies``  eviction scoring: lru, lfu, fifo, priority, ttl, size
 - ``codec``     bytes and numpy arrays in and out of pages, never pickled
@@ -20,7 +21,7 @@ parts, bottom up (each module opens with its own overview):
 - ``transfer``  bytes between callers' buffers and an entry's pages
 - ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
-- ``mapping``   ``Pool``'s dict views (keys/items/values) for a mapping others change
+- ``mapping``   ``Pool`` as a dict: pop, clear, touch, ttl, views others may change
 - ``snapshot``  persist to a file and restore: format, atomic writes, checks
 - ``prefix``    token prefixes: ``PrefixCache`` stores/finds a prompt's KV by chunks
 - ``integrations`` Hugging Face transformers (``kvcache.integrations.transformers``)

@@ -1,7 +1,12 @@
-"""The dict views of a ``Pool``: ``keys()``, ``items()`` and ``values()``.
+"""The ``dict`` side of a ``Pool``: pop, clear, touch, ttl and the key/item/value views.
 
-``Pool`` is a ``collections.abc.MutableMapping``, but the standard views do
-not suit a mapping that other processes change while it is iterated: the
+``MappingMixin`` holds what ``Pool`` adds to ``put``/``get``/``delete`` to be
+a ``collections.abc.MutableMapping`` (and what diskcache and cachetools users
+expect: ``touch``, ``ttl``, ``clear`` returning a count), built on the pool's
+own protocols, kept apart so that the pool module reads as the put/get paths.
+
+The standard views do not suit a mapping that other processes change while
+it is iterated: the
 mixins look each key up with ``pool[key]``, which raises ``KeyError`` for a
 key that another process removed in the meantime, and they compare values
 with ``==``, which is ambiguous for numpy arrays. The views here read each
@@ -11,14 +16,30 @@ is held while the caller's loop runs) and skip keys that vanished.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections import abc
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
+from . import transfer
+from .config import PoolConfig
+from .entries import EntryTable
+from .eviction import EVICT_BATCH
+from .keys import Key, encode_key
+from .layout import ENTRY_WORDS, E, H, Views
+from .units import parse_duration
+
 K = TypeVar("K")
 V = TypeVar("V")
+Default = TypeVar("Default")
+Value = bytes | np.ndarray
+READ_ATTEMPTS = 4
+"""A large read overtaken by concurrent eviction this many times is a miss."""
+_NO_DEFAULT: object = object()
+"""``pop``'s default when none is given: a miss raises KeyError, as dict's does."""
 
 
 def _set_or_list(name: str) -> Callable[[list[Any], object], bool]:
@@ -102,3 +123,163 @@ class ValuesView(abc.ValuesView[V]):
 
     def __contains__(self, value: object) -> bool:
         return any(same_value(mine, value) for mine in self)
+
+
+class MappingMixin(abc.MutableMapping[Key, Value]):
+    """``Pool``'s mapping methods beyond put/get/delete; they take the lock themselves."""
+
+    config: PoolConfig
+    _lock: Any  # PoolLock (ClosedLock once closed)
+    _hq: memoryview
+    _hd: memoryview[float]
+    _eq: memoryview
+    _ed: memoryview[float]
+    _views: Views
+    _entries: EntryTable
+    _clock: Callable[[], float]
+
+    # Pool's protocols (the lock is held by the caller unless said otherwise)
+    def _read(self, key: Key, copy: Callable[..., Any]) -> Any:
+        raise NotImplementedError  # Pool's; takes the lock
+
+    def _find(self, key_bytes: bytes) -> int:
+        raise NotImplementedError
+
+    def _lookup(self, key_bytes: bytes, *, count: bool) -> int:
+        raise NotImplementedError
+
+    def _is_ready(self, eid: int, generation: int) -> bool:
+        raise NotImplementedError
+
+    def _remove(self, eid: int) -> None:
+        raise NotImplementedError
+
+    def _key_of(self, eid: int) -> Key:
+        raise NotImplementedError
+
+    def _live_records(self) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    @overload
+    def pop(self, key: Key) -> Value: ...
+    @overload
+    def pop(self, key: Key, default: Default) -> Value | Default: ...
+    def pop(self, key: Key, default: object = _NO_DEFAULT) -> object:
+        """Remove ``key`` and return its value; ``default`` on a miss, KeyError without one.
+
+        The value returned is the one removed: the entry's generation is noted
+        before the copy and the entry is removed only if it is unchanged after
+        it, so a value another process puts meanwhile is neither returned
+        unremoved nor removed unreturned. Counted in stats as a read (a hit or
+        a miss); an entry overtaken ``READ_ATTEMPTS`` times is a miss.
+        """
+        key_bytes, _ = encode_key(key)
+        for _ in range(READ_ATTEMPTS):
+            with self._lock:
+                eid = self._find(key_bytes)
+                generation = self._eq[eid * ENTRY_WORDS + E.generation] if eid >= 0 else -1
+            value = self._read(key, transfer.materialise)
+            if value is None:
+                break
+            with self._lock:
+                if eid >= 0 and self._is_ready(eid, generation):
+                    self._remove(eid)
+                    return value
+        if default is _NO_DEFAULT:
+            raise KeyError(key)
+        return default
+
+    def popitem(self) -> tuple[Key, Value]:
+        """Remove and return some (key, value) pair; KeyError when the pool is empty.
+
+        Which pair is unspecified. Overrides the mixin, which lists every key
+        first and takes a key another process removed meanwhile for an empty pool.
+        """
+        while True:
+            with self._lock:
+                if not self._hq[H.num_live]:
+                    raise KeyError("popitem(): the pool is empty")
+                key = self._key_of(int(self._views.live[0]))
+            with contextlib.suppress(KeyError):  # gone meanwhile, or expired: take another
+                return key, self.pop(key)
+
+    def clear(self) -> int:  # type: ignore[override]  # also returns the count, as diskcache's
+        """Remove every entry; return how many were removed.
+
+        Removes the entries there when it starts (a value put meanwhile may
+        survive), ``EVICT_BATCH`` per lock hold, like ``evict``, so that other
+        processes are never stalled for the whole pool. Like ``delete``, and
+        unlike eviction and expiry, it is not counted in ``stats``.
+        """
+        with self._lock:
+            ids = self._entries.live_ids()
+            targets = list(
+                zip(ids.tolist(), self._views.entries[ids]["generation"].tolist(), strict=True)
+            )
+        num_removed = 0
+        for start in range(0, len(targets), EVICT_BATCH):
+            with self._lock:
+                for eid, generation in targets[start : start + EVICT_BATCH]:
+                    if self._is_ready(eid, generation):
+                        self._remove(eid)
+                        num_removed += 1
+        return num_removed
+
+    def touch(self, key: Key, ttl: float | str | None = None) -> bool:
+        """Give ``key`` a new expiry, keeping its value; return whether it was there.
+
+        Args:
+            ttl: as for ``put``: seconds (or ``"10m"``) from now; None for the
+                pool's ``default_ttl_s``, which on a pool without one means
+                never (as diskcache's ``touch(key, expire=None)``).
+
+        Raises:
+            InvalidArgument: bad key or ttl.
+        """
+        key_bytes, _ = encode_key(key)
+        ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
+        with self._lock:
+            eid = self._lookup(key_bytes, count=False)
+            if eid < 0:
+                return False
+            expires_at = self._clock() + ttl_s if ttl_s else math.inf
+            self._ed[eid * ENTRY_WORDS + E.expires_at] = expires_at
+            # next_expiry_at is a lower bound (see _sweep_expired): only an earlier expiry moves it
+            if expires_at < self._hd[H.next_expiry_at]:
+                self._hd[H.next_expiry_at] = expires_at
+            return True
+
+    def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
+        """The keys of all live (unexpired) entries now, in no particular order."""
+        with self._lock:
+            ids, _ = self._live_records()
+            return KeyList(self._key_of(eid) for eid in ids.tolist())
+
+    def items(self) -> ItemsView[Key, Value]:
+        """(key, value) pairs of the keys live now, each value read when iteration reaches it.
+
+        No lock is held while the caller iterates and values are not copied up
+        front; a key removed meanwhile is skipped. Each value is read as by
+        ``get`` (a hit in ``stats``, and recency for the policy).
+        """
+        return ItemsView(self)
+
+    def values(self) -> ValuesView[Value]:
+        """The values of the keys live now, read one by one as ``items()`` reads them."""
+        return ValuesView(self)
+
+    def ttl(self, key: Key) -> float | None:
+        """Seconds until ``key`` expires, or None if it never does (no effect on stats).
+
+        Raises:
+            KeyError: no live entry for ``key`` (like ``pool[key]``); a None
+                here would read as "never expires".
+        """
+        key_bytes, _ = encode_key(key)
+        with self._lock:
+            eid = self._find(key_bytes)
+            expires_at = self._ed[eid * ENTRY_WORDS + E.expires_at] if eid >= 0 else -math.inf
+        now = self._clock()
+        if expires_at <= now:
+            raise KeyError(key)
+        return None if expires_at == math.inf else expires_at - now

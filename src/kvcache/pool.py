@@ -16,23 +16,20 @@ copied under the lock, which is cheaper than locking twice.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import struct
 import time
 import weakref
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar, overload
 
 import numpy as np
-import xxhash
 
 from . import codec, recovery, segment, transfer
 from .allocator import PageAllocator, Run
-from .config import MAX_KEY_BYTES, PoolConfig
+from .config import PoolConfig
 from .entries import EntryTable
 from .errors import (
     CorruptPoolError,
@@ -40,8 +37,9 @@ from .errors import (
     PoolFullError,
     ValueTooLargeError,
 )
-from .eviction import EVICT_BATCH, EvictionMixin
+from .eviction import EvictionMixin
 from .index import HashIndex
+from .keys import Key, encode_key, key_hash
 from .layout import (
     ENTRY_WORDS,
     KEY_IS_STR,
@@ -56,7 +54,7 @@ from .layout import (
     write_header,
 )
 from .lock import ClosedLock, PoolLock
-from .mapping import ItemsView, KeyList, ValuesView
+from .mapping import READ_ATTEMPTS, Default, MappingMixin, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .reports import EntryInfo, PoolStats
@@ -65,8 +63,6 @@ from .units import parse_duration, whole_number
 INLINE_COPY_MAX_BYTES = 64 << 10
 """Copies up to 64 KiB happen under the lock: a 64 KiB memcpy (~5 us) costs
 less than the second lock round trip the seqlock path needs."""
-READ_ATTEMPTS = 4
-"""A large read overtaken by concurrent eviction this many times is a miss."""
 ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "lru": lambda r: r["last_access"],
     "size": lambda r: -(r["key_len"] + r["header_len"] + r["value_len"]),
@@ -74,41 +70,19 @@ ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 """Sort keys of ``Pool.entries`` (ascending, ties by recency); ``policy`` ranks victims."""
 ENTRY_SORTS = (*ENTRY_ORDERS, "policy")
-_HASH_HALVES = struct.Struct("<qq")
 
-Key = str | bytes
-Value = bytes | np.ndarray
 Copied = TypeVar("Copied")
-Default = TypeVar("Default")
 History = tuple[int, int, float]
 """An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
 
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
-_NO_DEFAULT: object = object()
-"""``pop``'s default when none is given: a miss raises KeyError, as dict's does."""
-
-
-def _key_bytes(key: Key) -> tuple[bytes, int]:
-    if isinstance(key, str):
-        data, flags = key.encode("utf-8"), KEY_IS_STR
-    elif isinstance(key, bytes):
-        data, flags = key, 0
-    else:
-        raise InvalidArgument(f"keys must be str or bytes, not {type(key).__name__}")
-    if not 0 < len(data) <= MAX_KEY_BYTES:
-        raise InvalidArgument(f"keys must be 1 to {MAX_KEY_BYTES} bytes long, got {len(data)}")
-    return data, flags
-
-
-def _hash(key: bytes) -> tuple[int, int]:
-    return _HASH_HALVES.unpack(xxhash.xxh3_128_digest(key))  # type: ignore[return-value]
 
 
 def _intact(views: list[memoryview], checksum_word: int) -> bool:
     return transfer.checksum(views) == transfer.from_word(checksum_word)
 
 
-class Pool(EvictionMixin, MutableMapping[Key, Value]):
+class Pool(EvictionMixin, MappingMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -116,10 +90,11 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
     ``key in pool``, ``len(pool)``, ``get``, ``pop``, ``items()``, ``update``,
     ...) and a context manager (``with`` closes it).
 
-    It inherits from ``MutableMapping`` rather than registering with it, so
-    that type checkers accept a pool where a mapping is expected; every mixin
-    that would copy the whole pool, or race with other processes, is
-    overridden here (``clear``, ``pop``, ``popitem``, the views, ``==``).
+    It inherits from ``MutableMapping`` (through ``mapping.MappingMixin``)
+    rather than registering with it, so that type checkers accept a pool where
+    a mapping is expected; every mixin method that would copy the whole pool,
+    or race with other processes, is overridden (``clear``, ``pop``,
+    ``popitem``, the views in ``kvcache.mapping``; ``==`` here).
     ``setdefault`` and ``update`` are the mixins': they store with ``put``'s
     defaults (priority 0, the pool's ttl), and ``setdefault`` is a get then a
     put, so two processes racing on one key may both store.
@@ -194,7 +169,7 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
                 the pool cannot grow without leaving the machine short of memory).
             InvalidArgument: bad key, value, priority or ttl.
         """
-        key_bytes, flags = _key_bytes(key)
+        key_bytes, flags = encode_key(key)
         encoded = codec.encode(value)
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
@@ -233,7 +208,7 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
 
     def delete(self, key: Key) -> bool:
         """Remove ``key``; return whether it was there."""
-        key_bytes, _ = _key_bytes(key)
+        key_bytes, _ = encode_key(key)
         with self._lock:
             eid = self._find(key_bytes)
             if eid < 0:
@@ -244,95 +219,6 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
     def __delitem__(self, key: Key) -> None:
         if not self.delete(key):
             raise KeyError(key)
-
-    @overload
-    def pop(self, key: Key) -> Value: ...
-    @overload
-    def pop(self, key: Key, default: Default) -> Value | Default: ...
-    def pop(self, key: Key, default: object = _NO_DEFAULT) -> object:
-        """Remove ``key`` and return its value; ``default`` on a miss, KeyError without one.
-
-        The value returned is the one removed: the entry's generation is noted
-        before the copy and the entry is removed only if it is unchanged after
-        it, so a value another process puts meanwhile is neither returned
-        unremoved nor removed unreturned. Counted in stats as a read (a hit or
-        a miss); an entry overtaken ``READ_ATTEMPTS`` times is a miss.
-        """
-        key_bytes, _ = _key_bytes(key)
-        for _ in range(READ_ATTEMPTS):
-            with self._lock:
-                eid = self._find(key_bytes)
-                generation = self._eq[eid * ENTRY_WORDS + E.generation] if eid >= 0 else -1
-            value = self._read(key, transfer.materialise)
-            if value is None:
-                break
-            with self._lock:
-                if eid >= 0 and self._is_ready(eid, generation):
-                    self._remove(eid)
-                    return value
-        if default is _NO_DEFAULT:
-            raise KeyError(key)
-        return default
-
-    def popitem(self) -> tuple[Key, Value]:
-        """Remove and return some (key, value) pair; KeyError when the pool is empty.
-
-        Which pair is unspecified. Overrides the mixin, which lists every key
-        first and takes a key another process removed meanwhile for an empty pool.
-        """
-        while True:
-            with self._lock:
-                if not self._hq[H.num_live]:
-                    raise KeyError("popitem(): the pool is empty")
-                key = self._key_of(int(self._views.live[0]))
-            with contextlib.suppress(KeyError):  # gone meanwhile, or expired: take another
-                return key, self.pop(key)
-
-    def clear(self) -> int:  # type: ignore[override]  # also returns the count, as diskcache's
-        """Remove every entry; return how many were removed.
-
-        Removes the entries there when it starts (a value put meanwhile may
-        survive), ``EVICT_BATCH`` per lock hold, like ``evict``, so that other
-        processes are never stalled for the whole pool. Like ``delete``, and
-        unlike eviction and expiry, it is not counted in ``stats``.
-        """
-        with self._lock:
-            ids = self._entries.live_ids()
-            targets = list(
-                zip(ids.tolist(), self._views.entries[ids]["generation"].tolist(), strict=True)
-            )
-        num_removed = 0
-        for start in range(0, len(targets), EVICT_BATCH):
-            with self._lock:
-                for eid, generation in targets[start : start + EVICT_BATCH]:
-                    if self._is_ready(eid, generation):
-                        self._remove(eid)
-                        num_removed += 1
-        return num_removed
-
-    def touch(self, key: Key, ttl: float | str | None = None) -> bool:
-        """Give ``key`` a new expiry, keeping its value; return whether it was there.
-
-        Args:
-            ttl: as for ``put``: seconds (or ``"10m"``) from now; None for the
-                pool's ``default_ttl_s``, which on a pool without one means
-                never (as diskcache's ``touch(key, expire=None)``).
-
-        Raises:
-            InvalidArgument: bad key or ttl.
-        """
-        key_bytes, _ = _key_bytes(key)
-        ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
-        with self._lock:
-            eid = self._lookup(key_bytes, count=False)
-            if eid < 0:
-                return False
-            expires_at = self._clock() + ttl_s if ttl_s else math.inf
-            self._ed[eid * ENTRY_WORDS + E.expires_at] = expires_at
-            # next_expiry_at is a lower bound (see _sweep_expired): only an earlier expiry moves it
-            if expires_at < self._hd[H.next_expiry_at]:
-                self._hd[H.next_expiry_at] = expires_at
-            return True
 
     # ------------------------------------------------------------------ reads
 
@@ -384,7 +270,7 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
         """Whether ``key`` has a live value (no effect on stats or recency)."""
         if not isinstance(key, (str, bytes)):
             return False
-        key_bytes, _ = _key_bytes(key)
+        key_bytes, _ = encode_key(key)
         with self._lock:
             eid = self._find(key_bytes)
             return eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
@@ -392,41 +278,6 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
     def __len__(self) -> int:
         with self._lock:
             return self._hq[H.num_live]
-
-    def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
-        """The keys of all live (unexpired) entries now, in no particular order."""
-        with self._lock:
-            ids, _ = self._live_records()
-            return KeyList(self._key_of(eid) for eid in ids.tolist())
-
-    def items(self) -> ItemsView[Key, Value]:
-        """(key, value) pairs of the keys live now, each value read when iteration reaches it.
-
-        No lock is held while the caller iterates and values are not copied up
-        front; a key removed meanwhile is skipped. Each value is read as by
-        ``get`` (a hit in ``stats``, and recency for the policy).
-        """
-        return ItemsView(self)
-
-    def values(self) -> ValuesView[Value]:
-        """The values of the keys live now, read one by one as ``items()`` reads them."""
-        return ValuesView(self)
-
-    def ttl(self, key: Key) -> float | None:
-        """Seconds until ``key`` expires, or None if it never does (no effect on stats).
-
-        Raises:
-            KeyError: no live entry for ``key`` (like ``pool[key]``); a None
-                here would read as "never expires".
-        """
-        key_bytes, _ = _key_bytes(key)
-        with self._lock:
-            eid = self._find(key_bytes)
-            expires_at = self._ed[eid * ENTRY_WORDS + E.expires_at] if eid >= 0 else -math.inf
-        now = self._clock()
-        if expires_at <= now:
-            raise KeyError(key)
-        return None if expires_at == math.inf else expires_at - now
 
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
         """Live entries with their metadata, first the ones ``sort`` puts first.
@@ -608,7 +459,7 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
         ``verify_reads`` the entry's bytes are summed too (outside the lock for
         large values): a mismatch drops the entry and is a miss.
         """
-        key_bytes, _ = _key_bytes(key)
+        key_bytes, _ = encode_key(key)
         for attempt in range(READ_ATTEMPTS):
             with self._lock:
                 eid = self._lookup(key_bytes, count=attempt == 0)
@@ -696,7 +547,7 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
 
     def _find(self, key_bytes: bytes) -> int:
         """The READY entry holding exactly ``key_bytes``, or -1."""
-        eid = self._index.find(*_hash(key_bytes))
+        eid = self._index.find(*key_hash(key_bytes))
         if eid >= 0 and self._key_view(eid) != key_bytes:
             return -1  # a 128-bit hash collision: treat as absent
         return eid
@@ -791,7 +642,7 @@ class Pool(EvictionMixin, MutableMapping[Key, Value]):
         first, last = self._allocator.allocate(num_pages)
         eid = self._entries.claim()
         q, d, base = self._eq, self._ed, eid * ENTRY_WORDS
-        lo, hi = _hash(key_bytes)
+        lo, hi = key_hash(key_bytes)
         q[base + E.flags] = flags
         q[base + E.hash_lo] = lo
         q[base + E.hash_hi] = hi
