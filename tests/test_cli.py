@@ -9,6 +9,7 @@ import re
 import select
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -477,6 +478,127 @@ def test_a_pool_folder_on_a_disk_is_tier_disk(tmp_path, monkeypatch):
         kvcache.destroy(name)
 
 
+# ------------------------------------------------- persist onto what is not a file
+
+
+def _private_mounts_available() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+needs_private_mounts = pytest.mark.skipif(
+    not _private_mounts_available(), reason="needs root and unshare --mount; CI runs as root"
+)
+
+
+def _persist_in_private_mounts(
+    name: str, tmp_path: Path, setup: str, target: str
+) -> tuple[str, str, list[str]]:
+    """Persist pool ``name`` onto ``target`` in a mount namespace of its own, after
+    ``setup`` made the node there; it must fail. Returns the error, the node's type
+    and device numbers after it, and what its folder then holds. The namespace's
+    mounts (and the nodes in them) vanish with it: the host is never touched."""
+    script = f"""
+        mount -t tmpfs tmpfs "$D"
+        mkdir "$D/shm"
+        mount --bind "$SHM" "$D/shm"
+        {setup}
+        set +e
+        KVCACHE_SHM_DIR="$D/shm" "$CORTEX" cache persist {name} --path {target}
+        echo "rc=$?"
+        stat -c '%F %t:%T' {target}
+        ls -A "$(dirname {target})"
+    """
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-euc", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "D": str(tmp_path),
+            "SHM": str(kvcache.segment.shm_dir()),
+            "CORTEX": CORTEX,
+        },
+    )
+    lines = result.stdout.splitlines()
+    assert lines and lines[0] == "rc=1", (result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip(), lines[1], lines[2:]
+
+
+@needs_private_mounts
+@pytest.mark.parametrize(
+    ("spec", "kind", "shown"),
+    [("c 1 3", "character device", "character special file 1:3"),
+     ("b 7 0", "block device", "block special file 7:0")],
+    ids=["char", "block"],
+)  # fmt: skip
+def test_bug_persist_replaced_a_device_node_with_a_file(names, tmp_path, spec, kind, shown):
+    """It exited 0 and left a 0600 regular file where the node was."""
+    name = names()
+    cortex_json("create", name, "--size", "1M")
+    error, node, listing = _persist_in_private_mounts(
+        name, tmp_path, f'mknod "$D/node" {spec}', '"$D/node"'
+    )
+    assert kind in error and "--path" in error
+    assert (node, listing) == (shown, ["node", "shm"])  # and no temporary file
+
+
+@needs_private_mounts
+def test_bug_persist_to_dev_null_as_root_replaced_it(names, tmp_path):
+    """``persist --path /dev/null`` as root renamed a snapshot over /dev/null. Tested
+    on a /dev of the namespace's own (a tmpfs with a real null device), so a
+    regression cannot break the host's."""
+    name = names()
+    cortex_json("create", name, "--size", "1M")
+    setup = "mount -t tmpfs tmpfs /dev; mknod -m 666 /dev/null c 1 3"
+    error, node, listing = _persist_in_private_mounts(name, tmp_path, setup, "/dev/null")
+    assert "/dev/null is a character device" in error
+    assert (node, listing) == ("character special file 1:3", ["null"])
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+def test_bug_persist_replaced_a_fifo_or_socket_with_a_file(names, tmp_path, kind):
+    """It exited 0 and the reader of the pipe (or the socket's server) lost its node."""
+    name = names()
+    cortex_json("create", name, "--size", "1M")
+    target = tmp_path / "node"
+    if kind == "FIFO":
+        os.mkfifo(target)
+    else:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(target))
+    result = cortex("persist", name, "--path", str(target))
+    assert result.returncode == 1 and f"is a {kind}" in result.stderr, result.stderr
+    is_kind = stat.S_ISFIFO if kind == "FIFO" else stat.S_ISSOCK
+    assert is_kind(target.lstat().st_mode)
+    assert os.listdir(tmp_path) == ["node"]
+
+
+def test_persist_onto_a_symlink_replaces_the_link_not_its_target(names, tmp_path):
+    name = names()
+    cortex_json("create", name, "--size", "1M")
+    target, link = tmp_path / "target", tmp_path / "link.kvsnap"
+    target.write_bytes(b"keep me")
+    link.symlink_to(target)
+    cortex_json("persist", name, "--path", str(link))
+    assert not link.is_symlink() and kvcache.inspect_snapshot(link).name == name
+    assert target.read_bytes() == b"keep me"
+
+
+def test_bug_create_restore_from_a_named_missing_snapshot_made_an_empty_pool(names, home):
+    """An explicit ``--snapshot`` that does not exist is an error; a missing default
+    snapshot still means "start empty"."""
+    name = names()
+    result = cortex("create", name, "--size", "1M", "--restore", "--snapshot", "missing.kvsnap")
+    assert result.returncode == 1 and "no snapshot at missing.kvsnap" in result.stderr
+    assert name not in kvcache.list_pools()
+    doc = cortex_json("create", name, "--size", "1M", "--restore")
+    assert doc["created"]["num_entries"] == 0
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -499,12 +621,15 @@ def world(tmp_path_factory):
         garbage = tmp_path / "garbage.kvsnap"
         garbage.write_bytes(os.urandom(4096))
         (Path("/dev/shm") / f"kvcache.{junk}").write_bytes(os.urandom(8192))
+        fifo = tmp_path / "fifo.kvsnap"
+        os.mkfifo(fifo)
         yield {
             "pool": pool_name,
             "missing": missing,
             "good": str(good),
             "truncated": str(truncated),
             "garbage": str(garbage),
+            "fifo": str(fifo),
             "junk": junk,
             "long": "x" * 101,
             "tmp": str(tmp_path),
@@ -554,6 +679,8 @@ BAD_INPUTS = [
     ("create {missing} --size 1M --restore --snapshot {good} --policy random", "policy"),
     ("create {missing} --size 1M --restore --snapshot {good} --max-entries 0", "at least 1"),
     ("create {missing} --size 900T", "/dev/shm"),
+    ("create {missing} --size 1M --restore --snapshot {tmp}/missing.kvsnap", "no snapshot at"),
+    ("create {missing} --size 1M --snapshot {good}", "add --restore"),
     ("status {missing}", "no pool named"),
     ("status {junk}", "not a kvcache pool"),
     ("entries {missing}", "no pool named"),
@@ -562,6 +689,8 @@ BAD_INPUTS = [
     ("health {missing}", "no pool named"),
     ("persist {missing}", "no pool named"),
     ("persist {pool} --path /proc/kvcache/x.kvsnap", "cannot create folder"),
+    ("persist {pool} --path {fifo}", "is a FIFO"),
+    ("persist {pool} --path {tmp}", "is a folder"),
     ("restore {missing}", "persist"),
     ("restore {missing} --path /nonexistent/x.kvsnap", "no snapshot"),
     ("restore {missing} --path {garbage}", "not a kvcache snapshot"),

@@ -17,7 +17,13 @@ from typing import Any
 
 import kvcache
 
-from ..errors import InvalidArgument, KVCacheError, PoolExistsError, PoolNotFoundError
+from ..errors import (
+    InvalidArgument,
+    KVCacheError,
+    PoolExistsError,
+    PoolNotFoundError,
+    SnapshotError,
+)
 from ..policies import POLICIES
 from ..reports import PoolStats
 from ..snapshot import files
@@ -39,7 +45,7 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         "default_ttl": args.ttl,
     }
     mode = _octal_mode(args.mode)
-    snapshot = Path(args.snapshot) if args.snapshot else files.default_path(args.name)
+    snapshot = _snapshot_to_create_from(args)
     if args.restore and snapshot.exists():
         config = kvcache.PoolConfig.build(args.size, **options)
         try:
@@ -79,6 +85,24 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
     return {"created": stats.to_dict(), "config": config.to_dict(), "tier": tier}
+
+
+def _snapshot_to_create_from(args: argparse.Namespace) -> Path:
+    """``create``'s snapshot. Only the default one may be missing (the pool then starts
+    empty): a snapshot named with ``--snapshot`` is wanted, so its absence is an error."""
+    if args.snapshot is None:
+        return files.default_path(args.name)
+    snapshot = Path(args.snapshot)
+    if not args.restore:
+        raise InvalidArgument(
+            "--snapshot names the snapshot for --restore: add --restore, or leave --snapshot out"
+        )
+    if not snapshot.exists():
+        raise SnapshotError(
+            f"no snapshot at {snapshot}: check --snapshot, or leave it out "
+            "(without it a missing default snapshot means an empty pool)"
+        )
+    return snapshot
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:

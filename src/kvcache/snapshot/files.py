@@ -3,7 +3,11 @@
 A snapshot is written to a hidden temporary file in the destination folder,
 fsynced, renamed over the final name, and the folder is fsynced, so the final
 name always holds either the previous complete snapshot or the new complete
-one. Files are created 0600 and folders 0700. The writer holds a lease on
+one. Files are created 0600 and folders 0700. Only a regular file (or a
+symbolic link: the link is replaced, its target left alone) is ever replaced:
+a FIFO, device node, socket or folder at the destination is refused before
+anything is written, since renaming over ``/dev/null`` or a pipe another
+program reads would break that program. The writer holds a lease on
 its temporary file until the rename (``kvcache.builds``), so the next persist
 to the same path removes the temporary files of writers that were killed,
 and never one that is still being written, from any PID namespace.
@@ -15,6 +19,7 @@ import errno
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,9 +49,11 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
         write: fills the file through the descriptor it is given.
 
     Raises:
-        SnapshotError: the folder cannot be created or written, or the disk is full;
-            the previous file at ``path`` is untouched.
+        SnapshotError: ``path`` is not a regular file (nor a symbolic link), the
+            folder cannot be created or written, or the disk is full; the
+            previous file at ``path`` is untouched.
     """
+    _refuse_special_file(path)
     folder = path.parent
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -82,6 +89,28 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
         temp.unlink(missing_ok=True)
         raise
     _fsync_folder(folder)
+
+
+_SPECIAL_FILES = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def _refuse_special_file(path: Path) -> None:
+    """Raise unless ``path`` is absent, a regular file or a symbolic link."""
+    try:
+        kind = stat.S_IFMT(os.lstat(path).st_mode)
+    except OSError:
+        return  # absent, or unreachable: creating the folder or the file reports why
+    if kind in _SPECIAL_FILES:
+        raise SnapshotError(
+            f"{path} is {_SPECIAL_FILES[kind]}, not a snapshot file: pick another --path "
+            "(a persist replaces only regular files)"
+        )
 
 
 def _remove_abandoned_temps(path: Path) -> None:
