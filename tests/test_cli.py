@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 import kvcache
 from kvcache.cli import commands, run
+from other_user import needs_root, run_as_nobody
 
 CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
 COMMANDS = [
@@ -371,7 +373,7 @@ def test_list_leaves_out_a_pool_destroyed_after_listing(names):
     cortex_json("create", gone, "--size", "4M")
     listed = [n for n in kvcache.list_pools() if n in (kept, gone)]
     kvcache.destroy(gone)  # after the listing, before the pool is opened
-    described = [commands._describe_pool(name, "cpu") for name in listed]
+    described = [commands._describe_pool(name, "cpu", {}) for name in listed]
     assert [d[0]["name"] for d in described if d is not None] == [kept]
     assert described[listed.index(kept)][1][5] == "lru"
 
@@ -602,14 +604,39 @@ def test_bug_create_restore_from_a_named_missing_snapshot_made_an_empty_pool(nam
 # ------------------------------------------------------------------ bad input
 
 
+_HOLD_OPEN = "import sys, kvcache; p = kvcache.open(sys.argv[1]); print('ready', flush=True); "
+_HOLD_OPEN += "sys.stdin.read()"
+"""A process that keeps pool ``argv[1]`` open until its stdin ends."""
+
+
+def _foreign_pool_and_snapshot(folder: Path) -> tuple[str, Path] | tuple[None, None]:
+    """A pool and a snapshot made by user ``nobody`` (as root only, else nothing)."""
+    if os.geteuid() != 0:
+        return None, None
+    name, snapshot = f"cli-{uuid.uuid4().hex[:10]}", folder / "theirs.kvsnap"
+    os.chown(folder, 65534, 65534)
+
+    def make() -> int:
+        with kvcache.create(name, "1M", mode=0o666, force=True) as pool:
+            pool.put("planted", b"v")
+            pool.persist(snapshot)
+        return 0
+
+    assert run_as_nobody(make)[0] == 0
+    return name, snapshot
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """An existing pool with data, a good and a broken snapshot, and names that exist nowhere.
+    """An existing pool with data that another process has open, a good and a broken
+    snapshot, names that exist nowhere, and (as root) a pool and snapshot of user nobody.
 
     Shared by the whole bad-input battery: each case checks that it changed nothing.
     """
     tmp_path = tmp_path_factory.mktemp("world")
     pool_name, missing, junk = (f"cli-{uuid.uuid4().hex[:10]}" for _ in range(3))
+    shared = Path(tempfile.mkdtemp(prefix="kvcache-world-"))  # nobody cannot reach tmp_path
+    foreign, foreign_snapshot = _foreign_pool_and_snapshot(shared)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KVCACHE_HOME", str(tmp_path / "home"))
         cortex_json("create", pool_name, "--size", "8M")
@@ -623,6 +650,13 @@ def world(tmp_path_factory):
         (Path("/dev/shm") / f"kvcache.{junk}").write_bytes(os.urandom(8192))
         fifo = tmp_path / "fifo.kvsnap"
         os.mkfifo(fifo)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_OPEN, pool_name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
         yield {
             "pool": pool_name,
             "missing": missing,
@@ -633,10 +667,16 @@ def world(tmp_path_factory):
             "junk": junk,
             "long": "x" * 101,
             "tmp": str(tmp_path),
+            "foreign": foreign,
+            "foreign_snap": str(foreign_snapshot),
         }
+        holder.communicate(timeout=30)  # its stdin ends: it closes the pool and exits
     for name in (pool_name, missing, junk):
         if name in kvcache.list_pools():
             kvcache.destroy(name)
+    if foreign is not None:
+        kvcache.destroy(foreign, trust_owner="nobody")
+    shutil.rmtree(shared)
 
 
 BAD_INPUTS = [
@@ -713,6 +753,20 @@ BAD_INPUTS = [
     ("destroy {missing} --yes", "no pool named"),
     ("destroy {pool}", "--yes"),
     ("delete {pool}", "--yes"),
+    ("destroy {pool} --yes", "is open in 1 other process"),
+    ("delete {pool} --yes", "--force"),
+    ("restore {pool} --path {good} --replace", "is open in 1 other process"),
+    ("status {foreign}", "belongs to user nobody"),
+    ("status {foreign} --trust-owner root", "--trust-owner nobody"),
+    ("status {pool} --trust-owner no-such-user", "no user named"),
+    ("entries {foreign}", "--trust-owner nobody"),
+    ("health {foreign} --repair", "--trust-owner nobody"),
+    ("evict {foreign} --percent 50", "--trust-owner nobody"),
+    ("persist {foreign} --path {tmp}/theirs.kvsnap", "--trust-owner nobody"),
+    ("destroy {foreign} --yes", "--trust-owner nobody"),
+    ("restore {missing} --path {foreign_snap}", "belongs to user nobody"),
+    ("restore {pool} --path {foreign_snap} --replace --force", "belongs to user nobody"),
+    ("create {missing} --size 1M --restore --snapshot {foreign_snap}", "belongs to user nobody"),
     ("delete {missing} --yes", "no pool named"),
     ("destroy ../x --yes", "name"),
     ("bogus", "invalid choice"),
@@ -724,9 +778,11 @@ def _snapshot_of_world(world: dict) -> tuple:
     with kvcache.open(world["pool"]) as pool:
         contents = {key: pool.get(key) for key in pool}
         stats = pool.stats()
-    ours = {world["pool"], world["missing"], world["junk"]}
+    ours = {world["pool"], world["missing"], world["junk"], world["foreign"]}
+    foreign = world["foreign"] and kvcache.segment.segment_path(world["foreign"]).stat()
     return (
         sorted(ours & set(kvcache.list_pools())),  # other tests may run beside this one
+        foreign and (foreign.st_ino, foreign.st_mtime_ns, foreign.st_uid),
         contents,
         (stats.num_entries, stats.used_bytes, stats.evictions),
         Path(world["good"]).read_bytes(),
@@ -738,6 +794,8 @@ def _snapshot_of_world(world: dict) -> tuple:
     ("command", "expected"), BAD_INPUTS, ids=[c or "(nothing)" for c, _ in BAD_INPUTS]
 )
 def test_bad_input_is_one_line_exit_1_and_changes_nothing(world, home, command, expected):
+    if "{foreign" in command and world["foreign"] is None:
+        pytest.skip("another user's pool needs root to make; CI runs as root")
     before = _snapshot_of_world(world)
     args = [a.format(**world) for a in shlex.split(command)]
     result = cortex(*args)
@@ -754,32 +812,45 @@ def test_bad_input_battery_is_large_enough():
 
 
 def _run_as_nobody(argv: list[str]) -> tuple[int, str, str]:
-    """Run the CLI entry point as user ``nobody``: (exit code, stdout, stderr).
+    """Run the CLI entry point as user ``nobody``: (exit code, stdout, stderr)."""
+    return run_as_nobody(lambda: run(argv))
 
-    The child is forked and drops to ``nobody`` (the interpreter and its
-    standard library live under /root, which ``nobody`` cannot read, so the CLI
-    is imported before the fork).
-    """
-    (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 99
-        try:
-            sys.stdout = os.fdopen(out_write, "w")  # pytest replaced the originals
-            sys.stderr = os.fdopen(err_write, "w")
-            os.setgid(65534)
-            os.setuid(65534)
-            code = run(argv)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(out_write)
-    os.close(err_write)
-    with os.fdopen(out_read) as out, os.fdopen(err_read) as err:
-        stdout, stderr = out.read(), err.read()  # stdout to its end: stderr is a line at most
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), stdout, stderr
+
+@needs_root
+def test_bug_commands_used_another_users_pool_and_snapshot(names, tmp_path):
+    """User nobody's pool (mode 666) and snapshot: refused with how to trust them,
+    listed with whose they are, and usable with ``--trust-owner``."""
+    shared = Path(tempfile.mkdtemp(prefix="kvcache-cli-"))
+    theirs, snapshot = _foreign_pool_and_snapshot(shared)
+    assert theirs is not None and snapshot is not None
+    try:
+        refused = cortex("status", theirs)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+        assert "belongs to user nobody" in refused.stderr
+        assert "--trust-owner nobody" in refused.stderr
+        assert cortex_json("status", theirs, "--trust-owner", "nobody")["num_entries"] == 1
+
+        (listed,) = [p for p in cortex_json("list")["pools"] if p["name"] == theirs]
+        assert listed["owner"] == "nobody" and "--trust-owner nobody" in listed["error"]
+        table = cortex("list").stdout.splitlines()
+        (row,) = [line for line in table if line.startswith(theirs)]
+        assert row.split()[5] == "untrusted"
+        assert any(line.startswith(f"- pool '{theirs}' belongs to user nobody") for line in table)
+        trusted = cortex_json("list", "--trust-owner", "nobody")["pools"]
+        assert [p["num_entries"] for p in trusted if p["name"] == theirs] == [1]
+
+        mine = names()
+        refused = cortex("restore", mine, "--path", str(snapshot))
+        assert refused.returncode == 1 and "belongs to user nobody" in refused.stderr
+        assert mine not in kvcache.list_pools()
+        args = ("--path", str(snapshot), "--mode", "600", "--trust-owner", "nobody")
+        assert cortex_json("restore", mine, *args)["num_restored"] == 1
+
+        cortex_json("destroy", theirs, "--yes", "--trust-owner", "nobody")
+        assert theirs not in kvcache.list_pools()
+    finally:
+        kvcache.segment.segment_path(theirs).unlink(missing_ok=True)
+        shutil.rmtree(shared)
 
 
 def test_another_users_pool_is_a_clear_error(names):

@@ -100,3 +100,42 @@ def test_health_reports_and_repairs_damaged_bytes(pool_name: str) -> None:
     assert cortex_json("health", pool_name)["consistent"] is True
     with kvcache.open(pool_name) as pool:
         assert pool.get("kept") == b"k" * 3000 and "hit" not in pool
+
+
+def test_bug_destroy_with_processes_attached_succeeded_silently(pool_name: str, holder) -> None:
+    """Their work went into the unlinked file; now destroy names them and needs --force."""
+    kvcache.create(pool_name, "1M").close()
+    proc = holder()
+    refused = cortex("destroy", pool_name, "--yes")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"is open in 1 other process(es) ({proc.pid})" in refused.stderr
+    assert "--force" in refused.stderr
+    assert pool_name in kvcache.list_pools()
+    assert cortex_json("destroy", pool_name, "--yes", "--force")["destroyed"] == pool_name
+    assert pool_name not in kvcache.list_pools()
+
+
+def test_processes_of_other_pid_namespaces_count_as_attached(pool_name: str, holder) -> None:
+    kvcache.create(pool_name, "1M").close()
+    holder("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+    refused = cortex("destroy", pool_name, "--yes")
+    assert refused.returncode == 1
+    assert "is open in 1 other process(es) (1 in other PID namespaces)" in refused.stderr
+
+
+def test_bug_restore_replace_with_processes_attached_succeeded_silently(
+    pool_name: str, holder, tmp_path
+) -> None:
+    with kvcache.create(pool_name, "1M") as pool:
+        pool.put("k", b"snapshot")
+        snapshot = str(pool.persist(tmp_path / "s.kvsnap"))
+        pool.put("k", b"live")
+    proc = holder()
+    refused = cortex("restore", pool_name, "--path", snapshot, "--replace")
+    assert refused.returncode == 1, refused.stderr
+    assert f"({proc.pid})" in refused.stderr and "to replace it anyway" in refused.stderr
+    with kvcache.open(pool_name) as pool:
+        assert pool.get("k") == b"live"
+    cortex_json("restore", pool_name, "--path", snapshot, "--replace", "--force")
+    with kvcache.open(pool_name) as pool:
+        assert pool.get("k") == b"snapshot"

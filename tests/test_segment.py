@@ -402,14 +402,23 @@ def test_file_size_must_match_the_geometry(pool_name: str, delta: int) -> None:
         kvcache.open(pool_name)
 
 
-def test_destroy_keeps_open_mappings(
+def test_destroy_frees_the_name_and_stops_open_handles(
     make_pool: Callable[..., kvcache.Pool], pool_name: str
 ) -> None:
+    """Open handles used to go on storing into the unlinked file, where no one else
+    could ever see their work; now their next call says what happened."""
     pool = make_pool("64K", page_size="1K")
     pool.put("k", b"v")
-    kvcache.destroy(pool_name)
+    kvcache.destroy(pool_name)  # this process's own handles do not count as others
     assert _traces(pool_name) == []
-    assert pool.get("k") == b"v"  # still mapped here
-    pool.put("k2", b"v2")
+    with pytest.raises(kvcache.PoolDestroyedError, match=r"was destroyed.*kvcache\.open"):
+        pool.put("k2", b"v2")
+    with pytest.raises(kvcache.PoolClosedError, match="was destroyed"):
+        pool.get("k")
+    assert "destroyed" in repr(pool)
     with kvcache.create(pool_name, "64K", page_size="1K") as fresh:  # the name is free again
         assert fresh.get("k") is None
+        fresh.put("k", b"new")
+        with pytest.raises(kvcache.PoolDestroyedError):
+            pool.get("k")  # the old handle never reaches the new pool
+    pool.close()

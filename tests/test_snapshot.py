@@ -541,9 +541,9 @@ def test_restore_onto_existing_pool_without_replace_raises_and_leaves_it(
     assert hidden_segments(live.name) == []
 
 
-def test_restore_with_replace_swaps_the_pool_and_old_handles_keep_theirs(
-    make_pool, pools, tmp_path
-):
+def test_restore_with_replace_swaps_the_pool_and_old_handles_are_told(make_pool, pools, tmp_path):
+    """Old handles used to go on using the replaced file (their puts vanished);
+    now their next call fails and says to open the pool again."""
     source = pools.keep(kvcache.create(pools.name(), "1M", page_size="4K", policy="lfu"))
     source.put("from-snapshot", b"s" * 100)
     path = source.persist(tmp_path / "s.kvsnap")
@@ -554,7 +554,8 @@ def test_restore_with_replace_swaps_the_pool_and_old_handles_keep_theirs(
     assert restored.name == live.name
     assert restored.keys() == ["from-snapshot"]
     assert restored.config.policy == "lfu"
-    assert live.get("live") == b"L"  # an open handle keeps the pool it had
+    with pytest.raises(kvcache.PoolDestroyedError, match=r"replaced by a restore.*open"):
+        live.get("live")
     with kvcache.open(live.name) as fresh:
         assert fresh.keys() == ["from-snapshot"]
     assert hidden_segments(live.name) == []

@@ -4,6 +4,7 @@ A pool is one file in ``/dev/shm`` that any number of processes map. Its
 parts, bottom up (each module opens with its own overview):
 
 - ``segment``   create/attach/unlink the file; names, permissions, reservation
+- ``owners``    whose pools and snapshots to trust (the caller's, root's, named ones)
 - ``memory``    what RAM, the cgroup and the folder can still give a reservation
 - ``builds``    leases on files under construction; removing abandoned ones
 - ``layout``    the binary layout: header, process table, entry table, live
@@ -45,11 +46,14 @@ from .errors import (
     KVCacheError,
     NotEnoughMemoryError,
     OutOfSharedMemoryError,
+    PoolBusyError,
     PoolClosedError,
+    PoolDestroyedError,
     PoolExistsError,
     PoolFullError,
     PoolNotFoundError,
     SnapshotError,
+    UntrustedOwnerError,
     ValueTooLargeError,
 )
 from .pool import Pool, create, destroy, list_pools, open
@@ -71,8 +75,10 @@ __all__ = [
     "NotEnoughMemoryError",
     "OutOfSharedMemoryError",
     "Pool",
+    "PoolBusyError",
     "PoolClosedError",
     "PoolConfig",
+    "PoolDestroyedError",
     "PoolExistsError",
     "PoolFullError",
     "PoolNotFoundError",
@@ -81,6 +87,7 @@ __all__ = [
     "RestoreReport",
     "SnapshotError",
     "SnapshotInfo",
+    "UntrustedOwnerError",
     "ValueTooLargeError",
     "create",
     "destroy",

@@ -50,9 +50,10 @@ def release(fd: int) -> None:
 def remove_abandoned(paths: Iterable[Path], *, min_age_s: float = MIN_AGE_S) -> list[Path]:
     """Remove the files among ``paths`` whose builder is gone; return those removed.
 
-    A file goes if it is a regular file, nobody holds its lease, and it was
-    last modified at least ``min_age_s`` ago. Files of other users that this
-    process may not open or remove are left alone.
+    A file goes if it is a regular file of this user, nobody holds its lease,
+    and it was last modified at least ``min_age_s`` ago. Other users' files are
+    left alone, even by root: their own next create removes them, and a file
+    of theirs is theirs to explain (see :mod:`kvcache.owners`).
     """
     removed = []
     now = time.time()
@@ -65,6 +66,7 @@ def remove_abandoned(paths: Iterable[Path], *, min_age_s: float = MIN_AGE_S) -> 
             info = os.fstat(fd)
             if (
                 stat.S_ISREG(info.st_mode)
+                and info.st_uid == os.geteuid()
                 and now - info.st_mtime >= min_age_s
                 and not leases.is_held(fd, LEASE_BYTE)
             ):

@@ -28,6 +28,22 @@ class PoolClosedError(KVCacheError):
     """The Pool object was closed; open the pool again to use it."""
 
 
+class PoolDestroyedError(PoolClosedError):
+    """The pool was destroyed, or replaced by a restore, while this handle had it open."""
+
+
+class PoolBusyError(KVCacheError):
+    """Other processes have the pool open, so destroying or replacing it needs ``force``."""
+
+
+class UntrustedOwnerError(KVCacheError):
+    """The pool or snapshot belongs to a user the caller did not say to trust.
+
+    Not a ``PermissionError``: the operating system would allow the access; it
+    is kvcache that refuses it (see ``kvcache.owners``).
+    """
+
+
 class IncompatiblePoolError(KVCacheError):
     """The segment is not a kvcache pool, or was made by another format version."""
 

@@ -4,7 +4,8 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
 
     offset 0  +-----------------------------+
               | header (4 KiB)              |  magic, version, geometry, config,
-              |                             |  lock/dirty state, clock, counters
+              |                             |  lock/dirty state, clock, counters,
+              |                             |  retired (destroyed or replaced)
               +-----------------------------+
               | process table               |  max_processes x (serial, pid, start
               |                             |  time, pid namespace); each slot's
@@ -45,8 +46,9 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 2
-"""2: entries name their writer by process slot (not pid), carry a checksum and wall times."""
+FORMAT_VERSION = 3
+"""2: entries name their writer by process slot (not pid), carry a checksum and wall times.
+3: the header's ``retired`` word tells attached processes the pool was destroyed or replaced."""
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
@@ -93,6 +95,7 @@ HEADER_DTYPE = np.dtype(
         ("expirations", "<i8"),
         ("repairs", "<i8"),
         ("damaged", "<i8"),  # entries dropped because their bytes no longer matched their sum
+        ("retired", "<i8"),  # LIVE, or DESTROYED / REPLACED once the file lost its name
     ]
 )
 
@@ -134,6 +137,7 @@ PROC_DTYPE = np.dtype(
 )
 
 FREE, WRITING, READY = 0, 1, 2
+LIVE, DESTROYED, REPLACED = 0, 1, 2  # header "retired": set under the lock, never cleared
 KEY_IS_STR = 1  # entry flags
 VALUE_IS_ARRAY = 2
 NO_PAGE = -1

@@ -11,6 +11,12 @@ The header's ``dirty`` word is set for as long as the lock is held. Finding it
 set on entry means the previous holder died mid-mutation; the lock then calls
 ``repair`` before handing over.
 
+The header's ``retired`` word is set, under the lock, by whoever destroys the
+pool or replaces it with a restore (``pool.retire``), right after the file
+lost its name. Every holder checks it on entry, so a process that still has
+the old file open fails its next call with ``PoolDestroyedError`` instead of
+storing work that nobody else can ever see.
+
 The lock's description is opened from the mapped descriptor
 (``/proc/self/fd/N``), never from the path: the name may by then belong to
 another pool (destroyed and created again, or replaced by a restore), and a
@@ -28,14 +34,17 @@ from collections.abc import Callable
 from types import TracebackType
 
 from . import leases
-from .errors import KVCacheError, PoolClosedError
-from .layout import H
+from .errors import KVCacheError, PoolClosedError, PoolDestroyedError
+from .layout import REPLACED, H
 
 
 class PoolLock:
     """Mutual exclusion over one segment, with crash detection through ``dirty``."""
 
-    def __init__(self, mapped_fd: int, header_q: memoryview, repair: Callable[[], None]) -> None:
+    def __init__(
+        self, mapped_fd: int, header_q: memoryview, repair: Callable[[], None], name: str
+    ) -> None:
+        self._name = name
         self._mapped_fd = mapped_fd
         self._header_q = header_q
         self._repair = repair
@@ -51,6 +60,9 @@ class PoolLock:
             self._thread_lock.release()
             raise
         header_q = self._header_q
+        if header_q[H.retired]:
+            self._unlock()
+            raise retired_error(self._name, header_q[H.retired])
         if header_q[H.dirty]:
             try:
                 self._repair()
@@ -87,6 +99,19 @@ class PoolLock:
     def close(self) -> None:
         """Release the descriptor (never while held)."""
         os.close(self.fd)
+
+
+def retired_error(name: str, how: int) -> PoolDestroyedError:
+    """What a call on a pool that was destroyed or replaced under it raises."""
+    if how == REPLACED:
+        return PoolDestroyedError(
+            f"pool '{name}' was replaced by a restore while this process had it open: "
+            f"kvcache.open('{name}') again to use the restored one"
+        )
+    return PoolDestroyedError(
+        f"pool '{name}' was destroyed while this process had it open: "
+        f"create it again, or kvcache.open('{name}') once someone has"
+    )
 
 
 class ClosedLock:

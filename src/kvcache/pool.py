@@ -27,13 +27,16 @@ from typing import TypeVar, overload
 
 import numpy as np
 
-from . import codec, recovery, segment, transfer
+from . import codec, owners, recovery, segment, transfer
 from .allocator import PageAllocator, Run
 from .config import PoolConfig
 from .entries import EntryTable
 from .errors import (
     CorruptPoolError,
+    IncompatiblePoolError,
     InvalidArgument,
+    PoolBusyError,
+    PoolDestroyedError,
     PoolFullError,
     ValueTooLargeError,
 )
@@ -41,6 +44,7 @@ from .eviction import EvictionMixin
 from .index import HashIndex
 from .keys import Key, encode_key, key_hash
 from .layout import (
+    DESTROYED,
     ENTRY_WORDS,
     KEY_IS_STR,
     READY,
@@ -136,7 +140,7 @@ class Pool(EvictionMixin, MappingMixin):
         )
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
-        self._lock = PoolLock(seg.fd, self._hq, self._repair_after_crash)
+        self._lock = PoolLock(seg.fd, self._hq, self._repair_after_crash, self.name)
         # The slot's lease is held through the lock's own description (see procs).
         self._procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
         try:
@@ -432,8 +436,40 @@ class Pool(EvictionMixin, MappingMixin):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self)} entries"
+        try:
+            state = "closed" if self._closed else f"{len(self)} entries"
+        except PoolDestroyedError:
+            state = "destroyed or replaced"
         return f"<kvcache.Pool {self.name!r} {self.config.policy} {state}>"
+
+    def _retire(self, how: int, take_name: Callable[[], None], *, force: bool) -> bool:
+        """:func:`retire`'s part under the lock; False if the file lost its name meanwhile."""
+        try:
+            with self._lock:
+                if not self._segment.has_its_name():
+                    return False  # removed or replaced since it was opened: look it up again
+                if not force:
+                    self._refuse_if_others_attached("destroy" if how == DESTROYED else "replace")
+                take_name()
+                self._hq[H.retired] = how
+                return True
+        except PoolDestroyedError:
+            return False  # another destroy or restore came first
+
+    def _refuse_if_others_attached(self, verb: str) -> None:
+        """Raise :class:`PoolBusyError` if processes other than this one have the pool open."""
+        here = me()
+        others = [who for who in self._procs.live() if who != here]
+        if not others:
+            return
+        pids = [str(who.pid) for who in others if who.pid_ns == here.pid_ns]
+        if len(pids) < len(others):  # their pids would name other processes here
+            pids.append(f"{len(others) - len(pids)} in other PID namespaces")
+        raise PoolBusyError(
+            f"pool '{self.name}' is open in {len(others)} other process(es) "
+            f"({', '.join(pids)}): close it there first, or pass --force (force=True) "
+            f"to {verb} it anyway; their next call then fails with PoolDestroyedError"
+        )
 
     def _after_fork(self) -> None:
         """In a forked child: own a lock description and a process slot of its own.
@@ -838,10 +874,18 @@ def create_from_config(
         raise
 
 
+OPEN_ATTEMPTS = 3
+"""An open that finds the pool destroyed or replaced between opening its file
+and first locking it opens the name again (the new pool, or PoolNotFoundError);
+only a name swapped under it this many times in a row is an error."""
+
+
 def open(
     name: str,
     *,
     verify_reads: bool = False,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -851,12 +895,34 @@ def open(
         verify_reads: check each value read against the checksum written with
             it; a damaged entry is dropped and read as a miss (costs a hash of
             every value read, see the README's figures).
+        trust_owner: also accept a pool owned by this user (name or uid), e.g. a
+            colleague's pool shared with ``mode=0o660``. Pools of other users
+            are refused by default: their owner can read and change every value
+            (see :mod:`kvcache.owners`). Root's pools are always accepted.
+        trust_group: also accept a pool whose file group is one of the caller's.
         clock, rng: injectable time and randomness (tests).
 
     Raises:
-        PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        UntrustedOwnerError: another user's pool, and neither trust option covers it.
     """
-    seg = segment.attach(name)
+    trust = owners.Trust.build(trust_owner, trust_group)
+    for _ in range(OPEN_ATTEMPTS - 1):
+        try:
+            return _open_once(name, trust, verify_reads, clock, rng)
+        except PoolDestroyedError:
+            continue  # swapped between opening the file and locking it: look the name up again
+    return _open_once(name, trust, verify_reads, clock, rng)
+
+
+def _open_once(
+    name: str,
+    trust: owners.Trust,
+    verify_reads: bool,
+    clock: Callable[[], float],
+    rng: np.random.Generator | None,
+) -> Pool:
+    seg = segment.attach(name, trust)
     try:
         config, geometry = read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
         return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
@@ -865,13 +931,71 @@ def open(
         raise
 
 
-def destroy(name: str) -> None:
-    """Remove pool ``name``. Processes that have it open keep using their mapping.
+def destroy(
+    name: str,
+    *,
+    force: bool = False,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
+) -> None:
+    """Remove pool ``name``.
+
+    Refused while other processes have it open, unless ``force``: they would go
+    on storing work into a file nobody else can find. Forced, each of them fails
+    its next call with :class:`PoolDestroyedError` (its memory is freed once
+    they have all closed it); so do the handles of this process, which do not
+    count as others. A file under the name that this kvcache cannot open as a
+    pool (damaged, another format version) is removed as it is.
+
+    Args:
+        force: destroy it even while other processes have it open.
+        trust_owner, trust_group: destroy another user's pool (see :func:`open`).
 
     Raises:
-        PoolNotFoundError, InvalidArgument.
+        PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
     """
-    segment.unlink(name)
+    retire(
+        name,
+        DESTROYED,
+        lambda: segment.unlink(name),
+        force=force,
+        trust_owner=trust_owner,
+        trust_group=trust_group,
+    )
+
+
+def retire(
+    name: str,
+    how: int,
+    take_name: Callable[[], None],
+    *,
+    force: bool = False,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
+) -> None:
+    """Let ``take_name`` unlink pool ``name``'s file or rename another over it, and mark
+    the old segment ``how`` (``layout.DESTROYED`` or ``REPLACED``) for whoever has it open.
+
+    Both happen under the old pool's lock, after checking (unless ``force``)
+    that no other process has it open. A process that opens the pool meanwhile
+    claims its process slot before it first locks, so it is either counted or
+    finds the mark and opens the name again.
+
+    Raises:
+        PoolNotFoundError: there is no pool ``name`` (``take_name`` was not called).
+        PoolBusyError: other processes have it open and ``force`` is False.
+        UntrustedOwnerError: another user's pool, not covered by the trust options.
+    """
+    for _ in range(OPEN_ATTEMPTS):
+        try:
+            old = open(name, trust_owner=trust_owner, trust_group=trust_group)
+        except (IncompatiblePoolError, CorruptPoolError):
+            take_name()  # no pool this kvcache can attach to, so nobody here to tell
+            return
+        with old:
+            if old._retire(how, take_name, force=force):
+                return
+    raise PoolBusyError(f"pool '{name}' was replaced again and again meanwhile: try again")
 
 
 def list_pools() -> list[str]:

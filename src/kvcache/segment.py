@@ -30,7 +30,7 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from . import builds, memory
+from . import builds, memory, owners
 from .errors import (
     IncompatiblePoolError,
     InvalidArgument,
@@ -179,6 +179,15 @@ class Segment:
             with contextlib.suppress(OSError):
                 self.buffer.madvise(MADV_POPULATE_WRITE, start, offset + length - start)
 
+    def has_its_name(self) -> bool:
+        """Whether the pool's name still names this very file (not removed or replaced)."""
+        try:
+            named = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(self.fd)
+        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+
     def close(self) -> None:
         """Unmap and close; the pool itself lives on."""
         try:
@@ -268,11 +277,12 @@ def publish(segment: Segment, *, replace: bool) -> None:
     builds.release(segment.fd)  # only now: until here a cleaner must see a live builder
 
 
-def attach(name: str) -> Segment:
-    """Open and map the existing pool file ``name``.
+def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
+    """Open and map the existing pool file ``name``, if its owner is trusted.
 
     Raises:
-        PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        UntrustedOwnerError: another user's pool that ``trust`` does not cover.
     """
     path = segment_path(name)
     try:
@@ -284,7 +294,7 @@ def attach(name: str) -> Segment:
         ) from exc
     except PermissionError as exc:
         raise PoolNotFoundError(
-            f"pool '{name}' belongs to another user: ask its owner for access"
+            f"pool '{name}' belongs to another user{_owner_of(path)}: ask its owner for access"
         ) from exc
     except IsADirectoryError as exc:
         raise IncompatiblePoolError(f"{path} is a directory, not a kvcache pool") from exc
@@ -293,10 +303,24 @@ def attach(name: str) -> Segment:
             raise IncompatiblePoolError(f"{path} is a symbolic link, not a kvcache pool") from exc
         raise
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+    try:
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            raise IncompatiblePoolError(
+                f"{path} is not a kvcache pool: remove it or pick another name"
+            )
+        trust.check(info, f"pool '{name}'")
+    except BaseException:
         os.close(fd)
-        raise IncompatiblePoolError(f"{path} is not a kvcache pool: remove it or pick another name")
+        raise
     return Segment(name, path, fd, info.st_size)
+
+
+def _owner_of(path: Path) -> str:
+    """`` (NAME)``: who owns ``path``, for a message; empty if that cannot be told."""
+    try:
+        return f" ({owners.user_name(path.stat().st_uid)})"
+    except OSError:
+        return ""
 
 
 def unlink(name: str) -> None:

@@ -165,18 +165,22 @@ def test_pool_opened_before_fork_is_shared_concurrently(make_pool) -> None:
     assert pool.stats().used_bytes == live_bytes
 
 
-@pytest.mark.parametrize("destroyed", [False, True])
-def test_forked_child_gets_a_lock_of_its_own(make_pool, destroyed: bool) -> None:
+@pytest.mark.parametrize("name_now", ["kept", "removed", "recreated"])
+def test_forked_child_gets_a_lock_of_its_own(make_pool, name_now: str) -> None:
     """White-box: with the parent inside ``pool._lock``, the child's flock must not succeed.
 
     Without ``Pool._after_fork`` the child would share the parent's open file
-    description, and so its flock: both would "hold" the lock at once. Regression
-    (``destroyed``): the child's description was reopened by path, which fails (or
-    finds another pool) once the pool is destroyed, and the child kept the parent's.
+    description, and so its flock: both would "hold" the lock at once. Regression:
+    the child's description was reopened by path, which fails once the file is
+    removed (the child then kept the parent's), or, once a pool was created again
+    under the name, locks that other pool. The file is removed as ``rm`` would
+    (``kvcache.destroy`` now also stops the old handles, see test_segment).
     """
     pool = make_pool("1M", page_size="16K")
-    if destroyed:
-        kvcache.destroy(pool.name)
+    if name_now != "kept":
+        kvcache.segment.segment_path(pool.name).unlink()
+    if name_now == "recreated":
+        kvcache.create(pool.name, "1M", page_size="16K").close()
     read_end, write_end = os.pipe()
     with pool._lock:
         pid = os.fork()

@@ -428,6 +428,21 @@ def cmd_attach_and_wait(p: dict) -> dict:
     return {}
 
 
+def cmd_store_on_request(p: dict) -> dict:
+    """Open the pool, say ready, then for each key read from stdin put it and print how
+    that went as a JSON line (``{"key", "error", "message"}``), until stdin ends."""
+    pool = kvcache.open(p["pool"])
+    _say("ready")
+    for line in sys.stdin:
+        key, outcome = line.strip(), {"error": None, "message": ""}
+        try:
+            pool.put(key, b"stored by the child")
+        except kvcache.KVCacheError as exc:
+            outcome = {"error": type(exc).__name__, "message": str(exc)}
+        _say(json.dumps({"key": key, **outcome}))
+    return {}
+
+
 def cmd_clear(p: dict) -> dict:
     """Open the pool, clear it, and report what was removed and what this process sees."""
     with kvcache.open(p["pool"]) as pool:
@@ -560,7 +575,10 @@ def cmd_pause_mid_write(p: dict) -> dict:
     kvcache.transfer.scatter = scatter_with_a_pause
     key = p["key"]
     value = make_value(key, p["size"], np.random.default_rng(p["seed"]))
-    pool.put(key, value)
+    try:
+        pool.put(key, value)
+    except kvcache.KVCacheError as exc:  # e.g. the pool was destroyed during the copy
+        return {"error": type(exc).__name__, "message": str(exc)}
     kvcache.transfer.scatter = original
     problem = verify(key, pool.get(key))
     pool.close()

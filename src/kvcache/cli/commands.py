@@ -17,12 +17,14 @@ from typing import Any
 
 import kvcache
 
+from .. import owners
 from ..errors import (
     InvalidArgument,
     KVCacheError,
     PoolExistsError,
     PoolNotFoundError,
     SnapshotError,
+    UntrustedOwnerError,
 )
 from ..policies import POLICIES
 from ..reports import PoolStats
@@ -56,6 +58,7 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 prealloc=args.prealloc,
                 mode=mode,
                 force=args.force,
+                **_trust(args),
             )
         except PoolExistsError:
             raise PoolExistsError(
@@ -107,7 +110,8 @@ def _snapshot_to_create_from(args: argparse.Namespace) -> Path:
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
     tier = kvcache.segment.tier_of()  # every pool lives in the one folder
-    described = [d for d in (_describe_pool(n, tier) for n in kvcache.list_pools()) if d]
+    trust = _trust(args)
+    described = [d for d in (_describe_pool(n, tier, trust) for n in kvcache.list_pools()) if d]
     docs = [doc for doc, _ in described]
     rows = [row for _, row in described]
     if rows:
@@ -118,18 +122,30 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
         )
     else:
         out.line("no pools: create one with cortex cache create NAME --size 1G")
+    for doc in docs:
+        if "error" in doc:
+            out.line(f"- {doc['error']}")
     return {"pools": docs}
 
 
-def _describe_pool(name: str, tier: str) -> tuple[dict[str, object], tuple[object, ...]] | None:
-    """``list``'s JSON document and table row for one listed pool; None if it went away."""
+def _describe_pool(
+    name: str, tier: str, trust: dict[str, Any]
+) -> tuple[dict[str, object], tuple[object, ...]] | None:
+    """``list``'s JSON document and table row for one listed pool; None if it went away.
+
+    A pool that cannot be opened is still listed, with why and whose it is (its
+    owner, as a name): another user's pool is not opened unless trusted.
+    """
+    path = kvcache.segment.segment_path(name)
     try:
-        with kvcache.open(name) as pool:
+        with kvcache.open(name, **trust) as pool:
             stats = pool.stats()
     except KVCacheError as exc:
-        if isinstance(exc, PoolNotFoundError) and not kvcache.segment.segment_path(name).exists():
+        if isinstance(exc, PoolNotFoundError) and not path.exists():
             return None  # destroyed since it was listed (another user's pool is still shown)
-        return {"name": name, "error": str(exc)}, (name, "-", "-", "-", "-", "unreadable", "-")
+        doc: dict[str, object] = {"name": name, "error": str(exc), "owner": _owner(path)}
+        shown = "untrusted" if isinstance(exc, UntrustedOwnerError) else "unreadable"
+        return doc, (name, "-", "-", "-", "-", shown, "-")
     row = (
         name,
         format_size(stats.size_bytes),
@@ -145,7 +161,7 @@ def _describe_pool(name: str, tier: str) -> tuple[dict[str, object], tuple[objec
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.name is None:
         return list_pools(args, out)
-    with kvcache.open(args.name) as pool:
+    with kvcache.open(args.name, **_trust(args)) as pool:
         stats, config = pool.stats(), pool.config
     # This command's own process is attached while it reads: leave it out.
     others = tuple(pid for pid in stats.attached if pid != os.getpid())
@@ -190,7 +206,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name) as pool:
+    with kvcache.open(args.name, **_trust(args)) as pool:
         listed = pool.entries(sort=args.sort, limit=args.limit or None)
         total = len(pool)
     now = time.time()
@@ -216,7 +232,7 @@ def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name) as pool:
+    with kvcache.open(args.name, **_trust(args)) as pool:
         problems = pool.check(repair=args.repair)
         after = pool.check() if args.repair and problems else problems
     for problem in problems:
@@ -242,7 +258,7 @@ def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def persist(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name) as pool:
+    with kvcache.open(args.name, **_trust(args)) as pool:
         start = time.perf_counter()
         with out.progress(f"persisting {args.name}") as progress:
             path = pool.persist(args.path, progress)
@@ -269,6 +285,7 @@ def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 mode=mode,
                 force=args.force,
                 progress=progress,
+                **_trust(args),
             )
         except PoolExistsError:
             raise PoolExistsError(
@@ -289,7 +306,7 @@ def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name) as pool:
+    with kvcache.open(args.name, **_trust(args)) as pool:
         result = pool.evict(percent=args.percent, bytes=args.bytes, expired=args.expired)
     out.line(
         f"removed {result.num_entries + result.num_expired} entries ({result.num_expired} expired) "
@@ -299,11 +316,11 @@ def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name) as pool:
+    with kvcache.open(args.name, **_trust(args)) as pool:
         stats = pool.stats()
     if not args.yes:
         _confirm_destroy(args.name, stats)
-    kvcache.destroy(args.name)
+    kvcache.destroy(args.name, force=args.force, **_trust(args))
     out.line(f"destroyed pool '{args.name}'")
     return {"destroyed": args.name, "num_entries": stats.num_entries}
 
@@ -341,6 +358,18 @@ COMMANDS = {
     "delete": destroy,
     "policies": policies,
 }
+
+
+def _trust(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--trust-owner``/``--trust-group`` options as keyword arguments of the API."""
+    return {"trust_owner": args.trust_owner, "trust_group": args.trust_group}
+
+
+def _owner(path: Path) -> str | None:
+    try:
+        return owners.user_name(path.stat().st_uid)
+    except OSError:
+        return None
 
 
 def _octal_mode(text: str) -> int:

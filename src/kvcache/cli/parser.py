@@ -44,9 +44,23 @@ def _json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
 
 
-def _force(parser: argparse.ArgumentParser) -> None:
+def _force(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--force", action="store_true", help=text)
+
+
+_MODE_FORCE = "allow a --mode that lets other users in (e.g. 666)"
+
+
+def _trust(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--force", action="store_true", help="allow a --mode that lets other users in (e.g. 666)"
+        "--trust-owner",
+        metavar="USER",
+        help="also accept pools and snapshots of this user (default: only yours and root's)",
+    )
+    parser.add_argument(
+        "--trust-group",
+        action="store_true",
+        help="also accept pools and snapshots whose group is one of yours",
     )
 
 
@@ -90,18 +104,21 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--mode", default="600", help="octal permissions, e.g. 660 to share with a group"
     )
-    _force(p)
+    _force(p, _MODE_FORCE)
     p.add_argument(
         "--restore", action="store_true", help="fill it from its snapshot, if there is one"
     )
     p.add_argument("--snapshot", help="snapshot for --restore (default: the pool's default path)")
+    _trust(p)
     _json(p)
 
     p = _command(sub, "list", "one line per pool", f"{e} list")
+    _trust(p)
     _json(p)
 
     p = _command(sub, "status", "all pools, or one in detail", f"{e} status llama-cache")
     p.add_argument("name", nargs="?")
+    _trust(p)
     _json(p)
 
     p = _command(
@@ -114,6 +131,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--limit", type=_whole_number, default=50, help="at most N entries (default 50, 0 = all)"
     )
+    _trust(p)
     _json(p)
 
     p = _command(
@@ -124,6 +142,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument("name")
     p.add_argument("--repair", action="store_true", help="rebuild what is inconsistent")
+    _trust(p)
     _json(p)
 
     p = _command(
@@ -136,6 +155,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--path", help="snapshot file (default $KVCACHE_HOME or ~/.local/share/kvcache/NAME.kvsnap)"
     )
+    _trust(p)
     _json(p)
 
     p = _command(
@@ -148,7 +168,11 @@ def build(prog: str) -> argparse.ArgumentParser:
         "--size", help="a different pool size (if smaller, the policy decides what stays)"
     )
     p.add_argument("--mode", help="octal permissions, e.g. 660 (default: the snapshot's)")
-    _force(p)
+    _force(
+        p,
+        f"{_MODE_FORCE}, and --replace a pool other processes have open (their next call fails)",
+    )
+    _trust(p)
     _json(p)
 
     p = _command(
@@ -159,6 +183,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     target.add_argument("--percent", type=float, help="share of the used bytes to free, (0, 100]")
     target.add_argument("--bytes", help="bytes to free: 2G, 512M")
     target.add_argument("--expired", action="store_true", help="only remove expired entries")
+    _trust(p)
     _json(p)
 
     p = _command(
@@ -166,6 +191,8 @@ def build(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument("name")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _force(p, "destroy it even while other processes have it open (their next call fails)")
+    _trust(p)
     _json(p)
 
     p = _command(sub, "policies", "the eviction policies and when to use each", f"{e} policies")

@@ -8,11 +8,15 @@ Persisting never stops other processes for long: the lock is taken per entry,
 only to find its pages and then to confirm that the entry did not change while
 its bytes were written (the same seqlock readers use); an entry that changed
 is left out. Restoring builds the new pool under a hidden name and swaps it in
-only when it is complete, so a bad file never harms the pool it would replace.
+only when it is complete, so a bad file never harms the pool it would replace;
+the swap happens under the old pool's lock and marks it replaced, so processes
+still attached to it fail their next call instead of storing into a file that
+lost its name (and it is refused while there are any, unless forced).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -20,15 +24,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .. import memory, segment, transfer
+from .. import memory, owners, segment, transfer
 from ..config import PoolConfig
-from ..errors import InvalidArgument, PoolExistsError, SnapshotError
-from ..layout import ENTRY_DTYPE
+from ..errors import (
+    CorruptPoolError,
+    IncompatiblePoolError,
+    InvalidArgument,
+    PoolExistsError,
+    PoolNotFoundError,
+    SnapshotError,
+)
+from ..layout import ENTRY_DTYPE, REPLACED
 from ..policies import ScoreContext, get_policy, rank_victims
-from ..pool import Pool, create_from_config
+from ..pool import Pool, create_from_config, retire
 from ..pool import open as open_pool
 from ..units import parse_size
 from . import files
@@ -158,10 +170,12 @@ def persist(
 def inspect_snapshot(path: str | os.PathLike[str]) -> SnapshotInfo:
     """Read and verify a snapshot's header and entry table (not its data).
 
+    Any user's snapshot is read: this restores nothing (``restore`` checks the owner).
+
     Raises:
         SnapshotError: missing, unreadable, foreign, future-version or damaged file.
     """
-    with _Reader(Path(path)) as reader:
+    with _Reader(Path(path), trust=None) as reader:
         header = reader.header
         return SnapshotInfo(
             path=reader.path,
@@ -187,6 +201,8 @@ def restore(
     force: bool = False,
     prealloc: bool = False,
     progress: Progress | None = None,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
 ) -> Pool:
     """Recreate pool ``name`` from a snapshot and open it (see :func:`restore_with_report`)."""
     pool, _ = restore_with_report(
@@ -199,6 +215,8 @@ def restore(
         force=force,
         prealloc=prealloc,
         progress=progress,
+        trust_owner=trust_owner,
+        trust_group=trust_group,
     )
     return pool
 
@@ -214,37 +232,50 @@ def restore_with_report(
     force: bool = False,
     prealloc: bool = False,
     progress: Progress | None = None,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
     clock: Callable[[], float] = time.time,
 ) -> tuple[Pool, RestoreReport]:
     """Recreate pool ``name`` from a snapshot, with the snapshot's configuration and mode.
 
     Args:
         path: the snapshot; default ``default_path(name)``.
-        replace: replace an existing pool of that name (once the new one is complete).
+        replace: replace an existing pool of that name (once the new one is
+            complete); processes that have it open then fail their next call
+            with ``PoolDestroyedError``.
         size: a different pool size; if smaller, the policy decides what stays.
         config: a whole new configuration instead of the snapshot's (``create
             --restore``: the pool its flags describe, filled from the snapshot);
             what does not fit is chosen by its policy. Not with ``size``.
         mode: file permissions; default the snapshot's (0600 if it recorded none).
-        force: accept a mode that gives other users access (see :func:`kvcache.create`).
+        force: accept a mode that gives other users access (see :func:`kvcache.create`),
+            and replace a pool that other processes have open.
         prealloc: reserve all memory now rather than as pages are first used.
         progress: called with (bytes read, bytes to read).
+        trust_owner, trust_group: accept a snapshot file (and a pool to replace)
+            of another user (see :func:`kvcache.open`); by default only the
+            caller's own and root's are.
         clock: wall clock, to leave out entries that expired meanwhile.
 
     Raises:
         SnapshotError: the file is missing, foreign, future-version, truncated or damaged.
         PoolExistsError: the pool exists and ``replace`` is False.
+        PoolBusyError: ``replace`` of a pool other processes have open, without ``force``.
+        UntrustedOwnerError: the snapshot or the pool belongs to another user.
         InvalidArgument: a bad size or mode, or both ``size`` and ``config``.
     """
     segment.validate_name(name)
     if size is not None and config is not None:
         raise InvalidArgument("give restore a size or a config, not both: the config has a size")
     source = Path(path) if path is not None else files.default_path(name)
+    trust = {"trust_owner": trust_owner, "trust_group": trust_group}
     if not replace and name in segment.list_names():
         raise PoolExistsError(
             f"pool '{name}' already exists: restore with replace=True, or destroy it first"
         )
-    with _Reader(source) as reader:
+    if replace and not force:
+        _refuse_if_in_use(name, **trust)  # now, rather than after reading the whole snapshot
+    with _Reader(source, owners.Trust.build(trust_owner, trust_group)) as reader:
         mode = segment.check_mode(reader.mode if mode is None else mode, force=force)
         if config is None:
             config = reader.config
@@ -273,7 +304,7 @@ def restore_with_report(
             # against it (LFU decays by it), so set it back to the snapshot's.
             last_access = records["last_access"][chosen]
             builder._set_clock(max(int(reader.header["clock"]), int(last_access.max(initial=0))))
-            segment.publish(seg, replace=replace)
+            _publish(seg, replace=replace, force=force, **trust)
         except BaseException:
             seg.path.unlink(missing_ok=True)
             raise
@@ -286,6 +317,26 @@ def restore_with_report(
         skipped=skipped,
     )
     return open_pool(name, clock=clock), report
+
+
+def _refuse_if_in_use(name: str, **trust: Any) -> None:
+    """Raise PoolBusyError if processes other than this one have pool ``name`` open."""
+    gone = (PoolNotFoundError, IncompatiblePoolError, CorruptPoolError)  # _publish tells apart
+    with contextlib.suppress(*gone), open_pool(name, **trust) as old:
+        old._refuse_if_others_attached("replace")
+
+
+def _publish(seg: segment.Segment, *, replace: bool, force: bool, **trust: Any) -> None:
+    """Give the restored segment its name; an old pool of that name is retired."""
+    if not replace:
+        segment.publish(seg, replace=False)
+        return
+    try:
+        retire(seg.name, REPLACED, lambda: segment.publish(seg, replace=True), force=force, **trust)
+    except PoolNotFoundError:
+        if os.path.lexists(segment.segment_path(seg.name)):
+            raise  # a file this process may not open: another user's pool
+        segment.publish(seg, replace=True)  # nothing to replace (any more)
 
 
 def replace_size(config: PoolConfig, size_bytes: int) -> PoolConfig:
@@ -368,7 +419,8 @@ def _load(
 class _Reader:
     """An open snapshot whose header and entry table have been verified."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, trust: owners.Trust | None) -> None:
+        """Open ``path``; ``trust`` says whose files to accept (None: anyone's)."""
         self.path = path
         where = f"snapshot {path}"
         try:
@@ -385,6 +437,8 @@ class _Reader:
             info = os.fstat(self.fd)
             if not stat.S_ISREG(info.st_mode):
                 raise SnapshotError(f"{where} is not a regular file: check the path")
+            if trust is not None:
+                trust.check(info, where)
             self.file_bytes = info.st_size
             raw_header = os.pread(self.fd, HEADER_BYTES, 0)
             self.header, self.config = decode_header(raw_header, self.file_bytes, where)
