@@ -170,7 +170,7 @@ class Pool(EvictionMixin, MappingMixin):
             InvalidArgument: bad key, value, priority or ttl.
         """
         key_bytes, flags = encode_key(key)
-        encoded = codec.encode(value)
+        encoded = codec.encode(value, self._num_pages * self._page_size - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
             raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
