@@ -38,6 +38,7 @@ Typical use::
 
 from .config import PoolConfig
 from .errors import (
+    AddressSpaceError,
     CorruptPoolError,
     DependencyError,
     IncompatiblePoolError,
@@ -61,6 +62,7 @@ from .units import format_size, parse_duration, parse_size
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddressSpaceError",
     "CorruptPoolError",
     "DependencyError",
     "EvictionResult",

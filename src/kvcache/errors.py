@@ -56,5 +56,9 @@ class NotEnoughMemoryError(OutOfSharedMemoryError):
     """Reserving a pool's memory would leave the machine, its cgroup or the folder short."""
 
 
+class AddressSpaceError(KVCacheError, OSError):
+    """This process may not map the whole pool: its address-space limit (ulimit -v) is too low."""
+
+
 class DependencyError(KVCacheError, ImportError):
     """An optional dependency (torch, transformers) is missing or of an unsupported version."""

@@ -782,6 +782,7 @@ def create(
     Raises:
         PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     segment.validate_name(name)
     segment.check_mode(mode, force=force)
@@ -854,7 +855,8 @@ def open(
         clock, rng: injectable time and randomness (tests).
 
     Raises:
-        PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     seg = segment.attach(name)
     try:

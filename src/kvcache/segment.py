@@ -24,6 +24,7 @@ import errno
 import mmap
 import os
 import re
+import resource
 import secrets
 import stat
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from . import builds, memory
 from .errors import (
+    AddressSpaceError,
     IncompatiblePoolError,
     InvalidArgument,
     OutOfSharedMemoryError,
@@ -49,6 +51,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a t
 _HIDDEN = re.compile(r"^\.kvcache\.[A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{12}\Z")
 """A pool being built: ``.kvcache.<name>.<12 hex digits>``."""
 GROWTH_ADVICE = "evict, destroy unused pools, or free memory"
+_MAP_ADVICE_CREATE = (
+    "raise the limit (ulimit -v unlimited) or choose a smaller --size; nothing was created"
+)
+_MAP_ADVICE_OPEN = "raise the limit of the process that opens it (ulimit -v unlimited)"
 
 
 def shm_dir() -> Path:
@@ -134,12 +140,27 @@ def list_names() -> list[str]:
 class Segment:
     """One open, mapped pool file."""
 
-    def __init__(self, name: str, path: Path, fd: int, size_bytes: int) -> None:
+    def __init__(self, name: str, path: Path, fd: int, size_bytes: int, *, advice: str) -> None:
+        """Map ``fd``, which the caller still closes if this fails.
+
+        Args:
+            advice: what to do if this process cannot map that much.
+
+        Raises:
+            AddressSpaceError: the mapping does not fit this process's address space.
+        """
         self.name = name
         self.path = path
         self.fd = fd
         self.size_bytes = size_bytes
-        self.buffer = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            self.buffer = mmap.mmap(
+                fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise
+            raise AddressSpaceError(_unmappable(name, size_bytes, advice)) from exc
 
     @cached_property
     def room(self) -> memory.Room:
@@ -210,7 +231,8 @@ def create(
             unpublished, discarded segment leaves no trace.
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument.
+        PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument,
+        AddressSpaceError.
     """
     final = segment_path(name)
     if final.exists() and not hidden:
@@ -229,7 +251,7 @@ def create(
         builds.hold(fd)
         os.fchmod(fd, mode)
         os.ftruncate(fd, size_bytes)
-        segment = Segment(name, temp, fd, size_bytes)
+        segment = Segment(name, temp, fd, size_bytes, advice=_MAP_ADVICE_CREATE)
         segment.reserve(0, reserve_bytes, advice=_create_advice(reserve_bytes == size_bytes))
         initialise(segment)
         if not hidden:
@@ -272,7 +294,7 @@ def attach(name: str) -> Segment:
     """Open and map the existing pool file ``name``.
 
     Raises:
-        PoolNotFoundError, IncompatiblePoolError, InvalidArgument.
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument, AddressSpaceError.
     """
     path = segment_path(name)
     try:
@@ -296,7 +318,11 @@ def attach(name: str) -> Segment:
     if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
         os.close(fd)
         raise IncompatiblePoolError(f"{path} is not a kvcache pool: remove it or pick another name")
-    return Segment(name, path, fd, info.st_size)
+    try:
+        return Segment(name, path, fd, info.st_size, advice=_MAP_ADVICE_OPEN)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def unlink(name: str) -> None:
@@ -309,6 +335,19 @@ def unlink(name: str) -> None:
         raise IncompatiblePoolError(
             f"{segment_path(name)} is a directory, not a kvcache pool"
         ) from exc
+
+
+def _unmappable(name: str, size_bytes: int, advice: str) -> str:
+    """Why a pool could not be mapped: the address-space limit if there is one."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        why = "this process has no address space left for it (see vm.max_map_count)"
+    else:
+        why = (
+            f"this process may map at most {format_size(limit)} in all "
+            "(its address-space limit: ulimit -v, prlimit --as)"
+        )
+    return f"pool '{name}' needs {format_size(size_bytes)} of address space but {why}: {advice}"
 
 
 def _create_advice(prealloc: bool) -> str:
