@@ -136,7 +136,7 @@ class Pool(EvictionMixin, MappingMixin):
         )
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
-        self._lock = PoolLock(seg.fd, self._hq, self._repair_after_crash)
+        self._lock = PoolLock(self.name, seg.fd, self._hq, self._repair_after_crash)
         # The slot's lease is held through the lock's own description (see procs).
         self._procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
         try:
@@ -327,7 +327,7 @@ class Pool(EvictionMixin, MappingMixin):
                 )
             }
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
-        attached = self._procs.live()
+            attached = self._procs.live()  # under the lock: a close() may follow it at once
         here = me().pid_ns
         return PoolStats(
             name=self.name,
@@ -404,16 +404,20 @@ class Pool(EvictionMixin, MappingMixin):
     # -------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
-        """Detach from the pool (which lives on until destroyed); idempotent."""
+        """Detach from the pool (which lives on until destroyed); idempotent.
+
+        Waits for a call under the lock in another thread to finish; calls of
+        other threads still waiting for the lock raise ``PoolClosedError``.
+        """
         if self._closed:
             return
         self._closed = True
         _open_pools.discard(self)
         try:
-            if self._slot >= 0:
-                self._procs.leave(self._lock.fd, self._slot)
+            with self._lock.closing() as lock_fd:
+                if self._slot >= 0:
+                    self._procs.leave(lock_fd, self._slot)
         finally:
-            self._lock.close()
             self._lock = ClosedLock(self.name)  # type: ignore[assignment]
             self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
