@@ -28,6 +28,10 @@ class PoolClosedError(KVCacheError):
     """The Pool object was closed; open the pool again to use it."""
 
 
+class NotOwnerError(KVCacheError, PermissionError):
+    """Only the pool's owner (or root) may destroy it or replace it by a restore."""
+
+
 class IncompatiblePoolError(KVCacheError):
     """The segment is not a kvcache pool, or was made by another format version."""
 

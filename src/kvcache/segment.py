@@ -23,6 +23,7 @@ import contextlib
 import errno
 import mmap
 import os
+import pwd
 import re
 import resource
 import secrets
@@ -36,6 +37,7 @@ from .errors import (
     AddressSpaceError,
     IncompatiblePoolError,
     InvalidArgument,
+    NotOwnerError,
     OutOfSharedMemoryError,
     PoolExistsError,
     PoolNotFoundError,
@@ -274,10 +276,15 @@ def publish(segment: Segment, *, replace: bool) -> None:
 
     Raises:
         PoolExistsError: the name is taken and ``replace`` is False.
+        NotOwnerError: the pool to replace belongs to another user.
     """
     final = segment_path(segment.name)
     if replace:
-        os.rename(segment.path, final)
+        try:
+            os.rename(segment.path, final)
+        except PermissionError as exc:
+            _refuse_if_not_owner(final, f"replace pool '{segment.name}'", exc)
+            raise
     else:
         try:
             os.link(segment.path, final)
@@ -326,11 +333,19 @@ def attach(name: str) -> Segment:
 
 
 def unlink(name: str) -> None:
-    """Remove pool file ``name``; processes that have it mapped keep their mapping."""
+    """Remove pool file ``name``; processes that have it mapped keep their mapping.
+
+    Raises:
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        NotOwnerError: the pool belongs to another user.
+    """
     try:
         os.unlink(segment_path(name))
     except FileNotFoundError as exc:
         raise PoolNotFoundError(f"no pool named '{name}': see cortex cache list") from exc
+    except PermissionError as exc:
+        _refuse_if_not_owner(segment_path(name), f"destroy pool '{name}'", exc)
+        raise
     except IsADirectoryError as exc:
         raise IncompatiblePoolError(
             f"{segment_path(name)} is a directory, not a kvcache pool"
@@ -348,6 +363,29 @@ def _unmappable(name: str, size_bytes: int, advice: str) -> str:
             "(its address-space limit: ulimit -v, prlimit --as)"
         )
     return f"pool '{name}' needs {format_size(size_bytes)} of address space but {why}: {advice}"
+
+
+def _refuse_if_not_owner(path: Path, action: str, denied: PermissionError) -> None:
+    """Raise :class:`NotOwnerError` if ``action`` on ``path`` was ``denied`` for its owner.
+
+    In a sticky folder (``/dev/shm`` is 1777) only a file's owner and root may
+    remove or replace it. A denial for another reason (a folder the caller may
+    not write) stays the caller's ``PermissionError``.
+    """
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return
+    if uid == os.geteuid():
+        return
+    try:
+        owner = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        owner = str(uid)
+    raise NotOwnerError(
+        f"cannot {action}: it belongs to user {owner} (uid {uid}), and only its owner or "
+        f"root may remove or replace it: ask {owner}, or use another pool name"
+    ) from denied
 
 
 def _create_advice(prealloc: bool) -> str:
