@@ -34,10 +34,11 @@ from .entries import EntryTable
 from .errors import (
     CorruptPoolError,
     InvalidArgument,
+    OutOfSharedMemoryError,
     PoolFullError,
     ValueTooLargeError,
 )
-from .eviction import EvictionMixin
+from .eviction import EvictionMixin, Growth
 from .index import HashIndex
 from .keys import Key, encode_key, key_hash
 from .layout import (
@@ -132,7 +133,7 @@ class Pool(EvictionMixin, MappingMixin):
         self._policy = get_policy(config.policy)
         data_offset = geometry.data_offset
         self._allocator = PageAllocator(
-            views, lambda off, n: seg.reserve(data_offset + off, n, populate=True)
+            views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
         )
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
@@ -166,7 +167,9 @@ class Pool(EvictionMixin, MappingMixin):
             ValueTooLargeError: key and value exceed the whole pool.
             PoolFullError: no room can be made (all space is being written).
             OutOfSharedMemoryError: /dev/shm is full (``NotEnoughMemoryError``:
-                the pool cannot grow without leaving the machine short of memory).
+                the pool cannot grow without leaving the machine short of memory)
+                and the value is larger than the pages the pool already has; a
+                smaller one is stored by evicting within those pages instead.
             InvalidArgument: bad key, value, priority or ttl.
         """
         key_bytes, flags = encode_key(key)
@@ -499,6 +502,7 @@ class Pool(EvictionMixin, MappingMixin):
         *,
         history: History | None = None,
         under_lock: bool = False,
+        evict_within_reserved: bool = True,
     ) -> bool:
         """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused.
 
@@ -508,12 +512,20 @@ class Pool(EvictionMixin, MappingMixin):
         With ``under_lock`` (small values) it all happens in one lock hold.
         Otherwise the entry waits in state WRITING, invisible to readers and
         safe from eviction, while ``fill`` copies without the lock.
-        ``history`` restores a snapshot entry's policy metadata.
+        ``history`` restores a snapshot entry's policy metadata;
+        ``evict_within_reserved`` is ``_reserve``'s.
         """
         num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
         with self._lock:
             eid = self._reserve(
-                flags, key_bytes, header_len, value_len, num_pages, priority, expires_at
+                flags,
+                key_bytes,
+                header_len,
+                value_len,
+                num_pages,
+                priority,
+                expires_at,
+                evict_within_reserved,
             )
             generation = self._eq[eid * ENTRY_WORDS + E.generation]
             targets = self._entry_slices(eid)
@@ -634,8 +646,14 @@ class Pool(EvictionMixin, MappingMixin):
         num_pages: int,
         priority: int,
         expires_at: float,
+        evict_within_reserved: bool,
     ) -> int:
-        """Make room, then take pages and an entry slot in state WRITING; return its id."""
+        """Make room, then take pages and an entry slot in state WRITING; return its id.
+
+        Args:
+            evict_within_reserved: if the pool cannot grow, evict to fit the
+                pages it has rather than fail with ``OutOfSharedMemoryError``.
+        """
         if self._slot < 0:
             raise PoolFullError(
                 f"this process was forked while all {self.config.max_processes} process slots "
@@ -643,7 +661,17 @@ class Pool(EvictionMixin, MappingMixin):
                 f"kvcache.open('{self.name}') again once others have closed it"
             )
         self._make_room(num_pages)
-        first, last = self._allocator.allocate(num_pages)
+        try:
+            first, last = self._allocator.allocate(num_pages)
+        except OutOfSharedMemoryError:
+            # The machine will not back more pages (a full /dev/shm, or the memory
+            # check): fit the put into the pages the pool has, by evicting. Not for a
+            # restore, whose report would overcount, nor for a value that cannot fit
+            # them, for which evicting everything would be in vain.
+            if not evict_within_reserved or num_pages > self._allocator.num_reserved():
+                raise
+            self._make_room(num_pages, within_reserved=True)
+            first, last = self._allocator.allocate(num_pages)
         eid = self._entries.claim()
         q, d, base = self._eq, self._ed, eid * ENTRY_WORDS
         lo, hi = key_hash(key_bytes)
