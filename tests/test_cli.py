@@ -861,3 +861,41 @@ def test_another_users_pool_is_a_clear_error(names):
     assert code == 1, stderr
     assert "another user" in stderr and "Traceback" not in stderr
     assert stderr.count("\n") == 1
+
+
+def _under_address_space_limit(limit: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``cortex cache ARGS`` run by ``prlimit --as`` (ulimit -v): a real limit, e.g. "1G"."""
+    return subprocess.run(
+        ["prlimit", f"--as={kvcache.parse_size(limit)}", CORTEX, "cache", *args],  # bytes only
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    message = result.stderr.strip()
+    assert "Traceback" not in result.stderr and "\n" not in message, result.stderr
+    return message
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_regression_an_address_space_limit_ended_in_an_oserror_traceback(names):
+    """mmap of a 4 GiB pool fails with ENOMEM under a 1 GiB ``ulimit -v``; the CLI printed
+    the raw OSError. Now it says which limit, and a failed create leaves no file."""
+    name = names()
+    message = _one_line_error(_under_address_space_limit("1G", "create", name, "--size", "4G"))
+    assert f"pool '{name}' needs 4.0G of address space" in message, message
+    assert "may map at most 1.0G in all" in message and "ulimit -v" in message, message
+    assert "nothing was created" in message, message
+    assert [f for f in os.listdir(kvcache.segment.shm_dir()) if name in f] == []
+
+    cortex_json("create", name, "--size", "4G")
+    message = _one_line_error(_under_address_space_limit("1G", "status", name))
+    assert "may map at most 1.0G in all" in message and "nothing was" not in message, message
+    listed = _under_address_space_limit("1G", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [p for p in json.loads(listed.stdout)["pools"] if p["name"] == name]
+    assert "address space" in row["error"]
+    assert _under_address_space_limit("8G", "status", name).returncode == 0

@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import kvcache
-from kvcache import CorruptPoolError, InvalidArgument
+from kvcache import CorruptPoolError, InvalidArgument, ValueTooLargeError
 from kvcache.codec import MAX_NDIM, byte_view, encode, new_array
+
+NO_LIMIT = 1 << 62
+"""A ``max_bytes`` for encode that no test value reaches."""
 
 
 def _decode(header: bytes, payload: bytes) -> bytes | np.ndarray:
@@ -27,7 +30,7 @@ def _decode(header: bytes, payload: bytes) -> bytes | np.ndarray:
 
 
 def _round_trip(value: object) -> bytes | np.ndarray:
-    encoded = encode(value)
+    encoded = encode(value, NO_LIMIT)
     assert encoded.payload.format == "B" and encoded.payload.ndim == 1
     assert encoded.is_array == bool(encoded.header)
     return _decode(encoded.header, bytes(encoded.payload))
@@ -55,7 +58,7 @@ def test_bytes_like_round_trip_as_bytes(value: object) -> None:
 
 def test_bytes_are_not_copied_on_encode() -> None:
     data = bytearray(b"abcdef")
-    encoded = encode(data)
+    encoded = encode(data, NO_LIMIT)
     data[0] = ord("z")
     assert bytes(encoded.payload) == b"zbcdef"  # a view, not a copy
 
@@ -167,7 +170,7 @@ def test_any_numeric_array_round_trips(value: np.ndarray) -> None:
 )
 def test_unstorable_values_are_rejected(value: object) -> None:
     with pytest.raises(InvalidArgument) as info:
-        encode(value)
+        encode(value, NO_LIMIT)
     assert isinstance(info.value, ValueError)
 
 
@@ -278,3 +281,25 @@ def test_regression_comma_dtype_string_raised_syntax_error() -> None:
     """Hypothesis found it: numpy parses the dtype text "," with ``ast`` and raises SyntaxError."""
     with pytest.raises(CorruptPoolError):
         new_array(b"\x00\x01,", 0)
+
+
+def test_regression_a_huge_broadcast_array_raised_memory_error(
+    make_pool: Callable[..., kvcache.Pool],
+) -> None:
+    """``broadcast_to`` makes a 1 TiB array out of one byte: encode copied it into C order
+    (MemoryError) before the pool could say it is too large. It is measured first now."""
+    pool = make_pool("1M")
+    pool.put("kept", b"v")
+    huge = np.broadcast_to(np.uint8(0), (1 << 40,))
+    with pytest.raises(ValueTooLargeError, match=r"needs 1\.0T but at most 1\.0M fit"):
+        pool.put("huge", huge)
+    assert "huge" not in pool and pool.get("kept") == b"v"
+
+
+@pytest.mark.parametrize("max_bytes", [0, 68])
+def test_an_array_to_copy_is_measured_before_the_copy(max_bytes: int) -> None:
+    """The limit covers header and payload: a strided (2, 3) float64 view needs 21 + 48."""
+    strided = np.zeros((4, 3))[::2]
+    with pytest.raises(ValueTooLargeError, match=f"needs 69B but at most {max_bytes}B"):
+        encode(strided, max_bytes)
+    assert len(encode(strided, 69).payload) == 48

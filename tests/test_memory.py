@@ -21,7 +21,9 @@ import pytest
 
 import kvcache
 from kvcache import NotEnoughMemoryError, memory, segment
-from kvcache.layout import Geometry
+from kvcache.allocator import RESERVE_GRANULE_BYTES
+from kvcache.eviction import GROWTH_RETRY_S
+from kvcache.layout import Geometry, H
 
 G, M = 1 << 30, 1 << 20
 CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
@@ -312,3 +314,81 @@ def test_a_pool_on_disk_is_bounded_by_the_disk(pool_name, disk_folder, monkeypat
     with kvcache.create(pool_name, "1M", prealloc=True) as pool:  # what fits is fine
         pool.put("k", b"v")
     kvcache.destroy(pool_name)
+
+
+def _fill_but(folder: Path, free_bytes: int) -> Path:
+    """Take all of ``folder``'s filesystem but ``free_bytes`` with a file (really reserved)."""
+    fs = os.statvfs(folder)
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - free_bytes)
+    finally:
+        os.close(fd)
+    return filler
+
+
+def _value(i: int) -> bytes:
+    return bytes([i % 251]) * 60_000  # one 64 KiB page each
+
+
+@pytest.mark.parametrize(
+    ("tmpfs_size", "refused_by"),
+    [("32m", "the memory check"), ("512m", "fallocate")],
+    ids=["memory-check", "enospc"],
+)
+def test_regression_a_full_dev_shm_refused_puts_that_eviction_could_serve(
+    pool_name, mount_tmpfs, monkeypatch, clock, tmpfs_size, refused_by
+):
+    """On a full /dev/shm a pool with plenty of evictable entries refused even 2 KB puts
+    ("8.0M more needed") until an explicit evict. A put the pool cannot grow for now evicts
+    within the pages it already has. On the small tmpfs the memory check refuses to grow;
+    on the large one an earlier reading lets the reservation through (``RECHECK_SHARE``)
+    and fallocate's ENOSPC refuses it. A refusal holds for ``GROWTH_RETRY_S``."""
+    shm = mount_tmpfs(tmpfs_size)
+    monkeypatch.setenv("KVCACHE_SHM_DIR", str(shm))
+    with kvcache.create(pool_name, "16M", page_size="64K", clock=clock) as pool:
+        header = pool._views.header_q
+        pool.put("k0", _value(0))  # backs the first granule (8 MiB) of pages
+        reserved = header[H.reserved_pages]
+        filler = _fill_but(shm, M)
+        credit = pool._segment.room._credit_bytes  # white-box: which refusal comes
+        assert (credit >= RESERVE_GRANULE_BYTES) == (refused_by == "fallocate"), credit
+        for i in range(1, 3 * reserved):
+            pool.put(f"k{i}", _value(i))
+        pool.put("small", b"s" * 2048)
+        assert header[H.reserved_pages] == reserved  # it stopped growing...
+        assert pool.stats().evictions > reserved  # ...and evicted instead
+        assert pool.get(f"k{3 * reserved - 1}") == _value(3 * reserved - 1)
+        assert pool.get("small") == b"s" * 2048 and "k0" not in pool
+        assert pool.check() == []
+        # Larger than all the pages the pool has: evicting within them cannot help.
+        too_big = bytes((reserved + 1) * 64 * 1024)
+        with pytest.raises(kvcache.OutOfSharedMemoryError, match="more"):
+            pool.put("too-big", too_big)
+        assert "too-big" not in pool and pool.check() == []
+        filler.unlink()  # room again: the pool grows again, once it asks again
+        with pytest.raises(kvcache.OutOfSharedMemoryError):
+            pool.put("too-big", too_big)
+        clock.advance(GROWTH_RETRY_S)
+        pool.put("too-big", too_big)
+        assert header[H.reserved_pages] > reserved and pool.get("too-big") == too_big
+    kvcache.destroy(pool_name)
+
+
+def test_a_restore_that_runs_out_of_memory_midway_fails_rather_than_evict(
+    make_pool, pool_name, tmp_path, mount_tmpfs, monkeypatch
+):
+    """Puts evict when the pool cannot grow, but a restore must not drop entries it read
+    (its report would count them as restored): it fails and leaves nothing. Its entries
+    (21.2M) fit the room it checks first (22M), yet the third 8 MiB granule does not."""
+    pool = make_pool("32M", page_size="64K")
+    for i in range(20):
+        pool.put(f"k{i}", bytes([i]) * M)
+    snapshot = pool.persist(tmp_path / "pool.kvsnap")
+    shm = mount_tmpfs("64m")
+    _fill_but(shm, 22 * M)
+    monkeypatch.setenv("KVCACHE_SHM_DIR", str(shm))
+    with pytest.raises(NotEnoughMemoryError, match=f"pool '{pool_name}-restored' needs 8.0M"):
+        kvcache.restore(f"{pool_name}-restored", snapshot)
+    assert sorted(os.listdir(shm)) == ["filler"]

@@ -432,3 +432,22 @@ def test_numpy_scalars_come_back_as_zero_d_arrays(make_pool):
     assert (
         isinstance(got, np.ndarray) and got.shape == () and got.dtype == np.float64 and got == 1.5
     )
+
+
+@pytest.mark.parametrize("key", ["\ud800", "ok\udcff", "\udfff" * 3])
+def test_regression_lone_surrogate_keys_raised_unicode_encode_error(make_pool, key):
+    """Text that UTF-8 cannot encode (what ``surrogateescape`` decoding makes of bad bytes)."""
+    pool = make_pool()
+    pool.put("kept", b"v")
+    uses = [
+        lambda: pool.put(key, b"v"),
+        lambda: pool.get(key),
+        lambda: pool.delete(key),
+        lambda: pool.get_into(key, bytearray(8)),
+        lambda: key in pool,
+        lambda: pool.pop(key, None),
+    ]
+    for use in uses:
+        with pytest.raises(InvalidArgument, match=r"lone surrogate at position .*pass the key as"):
+            use()
+    assert list(pool) == ["kept"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -422,3 +423,74 @@ def test_destroy_frees_the_name_and_stops_open_handles(
         with pytest.raises(kvcache.PoolDestroyedError):
             pool.get("k")  # the old handle never reaches the new pool
     pool.close()
+
+
+def _as_nobody(action: Callable[[], object]) -> str:
+    """Run ``action`` in a forked child that is user ``nobody``; what it raised (or "returned").
+
+    Forked rather than spawned: the interpreter lives where ``nobody`` may not read, so
+    everything the action needs is imported before the fork.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        outcome = "returned"
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            action()
+        except BaseException as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_end, outcome.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to become another user")
+def test_regression_destroying_another_users_pool_raised_permission_error(
+    make_pool: Callable[..., kvcache.Pool], pool_name: str
+) -> None:
+    """/dev/shm is sticky: only a pool's owner (or root) may remove it."""
+    make_pool().put("k", b"root's")
+    outcome = _as_nobody(lambda: kvcache.destroy(pool_name))
+    assert outcome.startswith(
+        f"NotOwnerError: cannot destroy pool '{pool_name}': it belongs to user root (uid 0)"
+    ), outcome
+    assert "ask root, or use another pool name" in outcome
+    with kvcache.open(pool_name) as pool:
+        assert pool.get("k") == b"root's"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to become another user")
+def test_regression_restore_replacing_another_users_pool_raised_permission_error(
+    make_pool: Callable[..., kvcache.Pool], pool_name: str
+) -> None:
+    """The restore is built under a hidden name, then renamed over the pool: refused, and
+    the hidden file is removed."""
+    make_pool().put("k", b"root's")
+
+    def restore_over_roots_pool() -> None:
+        folder = Path(tempfile.mkdtemp())  # nobody's own, in /tmp
+        with kvcache.create(f"{pool_name}-nobody", "1M") as own:
+            own.put("k", b"nobody's")
+            snapshot = own.persist(folder / "own.kvsnap")
+        kvcache.destroy(f"{pool_name}-nobody")
+        try:
+            kvcache.restore(pool_name, snapshot, replace=True)
+        finally:
+            snapshot.unlink()
+            folder.rmdir()
+
+    outcome = _as_nobody(restore_over_roots_pool)
+    assert outcome.startswith(
+        f"NotOwnerError: cannot replace pool '{pool_name}': it belongs to user root (uid 0)"
+    ), outcome
+    assert _traces(pool_name) == [f"kvcache.{pool_name}"]
+    with kvcache.open(pool_name) as pool:
+        assert pool.get("k") == b"root's"

@@ -39,12 +39,14 @@ Typical use::
 
 from .config import PoolConfig
 from .errors import (
+    AddressSpaceError,
     CorruptPoolError,
     DependencyError,
     IncompatiblePoolError,
     InvalidArgument,
     KVCacheError,
     NotEnoughMemoryError,
+    NotOwnerError,
     OutOfSharedMemoryError,
     PoolBusyError,
     PoolClosedError,
@@ -65,6 +67,7 @@ from .units import format_size, parse_duration, parse_size
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddressSpaceError",
     "CorruptPoolError",
     "DependencyError",
     "EvictionResult",
@@ -73,6 +76,7 @@ __all__ = [
     "KVCacheError",
     "KVLayout",
     "NotEnoughMemoryError",
+    "NotOwnerError",
     "OutOfSharedMemoryError",
     "Pool",
     "PoolBusyError",

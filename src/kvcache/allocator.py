@@ -46,6 +46,15 @@ class PageAllocator:
         h = self._header_q
         return h[H.num_free_pages] + self._num_pages - h[H.next_fresh_page]
 
+    def num_reserved_available(self) -> int:
+        """Pages that can be allocated without evicting or reserving more memory."""
+        h = self._header_q
+        return h[H.num_free_pages] + h[H.reserved_pages] - h[H.next_fresh_page]
+
+    def num_reserved(self) -> int:
+        """Pages backed with memory: as many as the pool can hold while it cannot grow."""
+        return self._header_q[H.reserved_pages]
+
     def allocate(self, num_pages: int) -> Run:
         """Take ``num_pages`` (<= available) pages; return the chain's (first, last) page.
 

@@ -21,7 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import CorruptPoolError, InvalidArgument
+from .errors import CorruptPoolError, InvalidArgument, ValueTooLargeError
+from .units import format_size
 
 _ARRAY_KINDS = "biufc"
 _PREFIX = struct.Struct("<BB")
@@ -40,14 +41,22 @@ class Encoded(NamedTuple):
     payload: memoryview  # format "B"
 
 
-def encode(value: object) -> Encoded:
-    """Describe ``value`` for storage without copying its bytes.
+def encode(value: object, max_bytes: int) -> Encoded:
+    """Describe ``value`` for storage without copying its bytes, if it can fit ``max_bytes``.
+
+    The one value that must be copied is an array that is not C-contiguous
+    (a slice, a transpose, a broadcast view): it is measured before the copy,
+    so an array too large to store (``broadcast_to`` makes 1 TiB out of one
+    byte) is refused instead of exhausting memory. Other values are views,
+    measured by the caller.
 
     Raises:
         InvalidArgument: text, object arrays, or anything without a buffer.
+        ValueTooLargeError: an array to copy has more than ``max_bytes``
+            (its header included).
     """
     if isinstance(value, (np.ndarray, np.generic)):  # a numpy scalar comes back as a 0-d array
-        return _encode_array(np.asarray(value))
+        return _encode_array(np.asarray(value), max_bytes)
     if isinstance(value, str):
         raise InvalidArgument(
             "values must be bytes-like or numpy arrays: encode text first (.encode())"
@@ -65,18 +74,25 @@ def encode(value: object) -> Encoded:
     return Encoded(False, b"", view.cast("B") if view.format != "B" or view.ndim != 1 else view)
 
 
-def _encode_array(array: np.ndarray) -> Encoded:
+def _encode_array(array: np.ndarray, max_bytes: int) -> Encoded:
     if array.dtype.kind not in _ARRAY_KINDS or array.dtype.fields is not None:
         raise InvalidArgument(
             f"arrays of dtype {array.dtype} cannot be stored: use a numeric or bool dtype"
         )
     if array.ndim > MAX_NDIM:
         raise InvalidArgument(f"arrays may have at most {MAX_NDIM} dimensions, not {array.ndim}")
-    array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d 1-d
     dtype = array.dtype.str.encode("ascii")
     header = (
         _PREFIX.pack(array.ndim, len(dtype)) + dtype + struct.pack(f"<{array.ndim}q", *array.shape)
     )
+    if not array.flags.c_contiguous:
+        if len(header) + array.nbytes > max_bytes:
+            raise ValueTooLargeError(
+                f"the array needs {format_size(len(header) + array.nbytes)} but at most "
+                f"{format_size(max_bytes)} fit in this pool beside its key: "
+                "store smaller chunks or create a larger pool"
+            )
+        array = np.ascontiguousarray(array).reshape(array.shape)  # reshape: 0-d comes back 1-d
     return Encoded(True, header, byte_view(array))
 
 

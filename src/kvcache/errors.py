@@ -44,6 +44,10 @@ class UntrustedOwnerError(KVCacheError):
     """
 
 
+class NotOwnerError(KVCacheError, PermissionError):
+    """Only the pool's owner (or root) may destroy it or replace it by a restore."""
+
+
 class IncompatiblePoolError(KVCacheError):
     """The segment is not a kvcache pool, or was made by another format version."""
 
@@ -70,6 +74,10 @@ class OutOfSharedMemoryError(KVCacheError, OSError):
 
 class NotEnoughMemoryError(OutOfSharedMemoryError):
     """Reserving a pool's memory would leave the machine, its cgroup or the folder short."""
+
+
+class AddressSpaceError(KVCacheError, OSError):
+    """This process may not map the whole pool: its address-space limit (ulimit -v) is too low."""
 
 
 class DependencyError(KVCacheError, ImportError):

@@ -23,10 +23,17 @@ def encode_key(key: Key) -> tuple[bytes, int]:
     """The bytes stored for ``key``, and the entry flags that say how to give it back.
 
     Raises:
-        InvalidArgument: not ``str``/``bytes``, empty, or too long.
+        InvalidArgument: not ``str``/``bytes``, empty, too long, or text that
+            UTF-8 cannot encode (a lone surrogate, as ``surrogateescape`` makes).
     """
     if isinstance(key, str):
-        data, flags = key.encode("utf-8"), KEY_IS_STR
+        try:
+            data, flags = key.encode("utf-8"), KEY_IS_STR
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(
+                f"key {key[:40]!r} is not valid Unicode text (a lone surrogate at position "
+                f"{exc.start}): fix the text, or pass the key as bytes"
+            ) from None
     elif isinstance(key, bytes):
         data, flags = key, 0
     else:

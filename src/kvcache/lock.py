@@ -27,10 +27,11 @@ child shares the parent's description, and so its ``flock``:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from . import leases
@@ -49,16 +50,23 @@ class PoolLock:
         self._header_q = header_q
         self._repair = repair
         self._thread_lock = threading.Lock()
+        self._closed = False
         self.fd = leases.reopen(mapped_fd)
         """The lock's own description; it also holds this holder's process-slot lease."""
 
     def __enter__(self) -> PoolLock:
         self._thread_lock.acquire()
+        if self._closed:  # closed while this thread waited: self.fd is gone (or reused)
+            self._thread_lock.release()
+            raise closed_error(self._name)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
             raise
+        if self._closed:  # closing began while this thread waited for another process
+            self._unlock()
+            raise closed_error(self._name)
         header_q = self._header_q
         if header_q[H.retired]:
             self._unlock()
@@ -96,9 +104,33 @@ class PoolLock:
         os.close(self.fd)  # the parent's description, and its flock, live on in the parent
         self.fd = fresh
 
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[int]:
+        """Shut the lock for good, once the thread holding it (if any) lets go.
+
+        Threads waiting for the lock then raise :class:`PoolClosedError`, as
+        every later caller does, rather than lock a descriptor that was closed
+        under them (EBADF, or a reused number: another file). The block runs
+        with the thread lock held and the descriptor still open, to give up
+        what is held through it; the descriptor is closed after. Never enter
+        it from the thread holding the lock: it would wait for itself.
+        """
+        self._closed = True
+        with self._thread_lock:
+            try:
+                yield self.fd
+            finally:
+                os.close(self.fd)
+
     def close(self) -> None:
-        """Release the descriptor (never while held)."""
-        os.close(self.fd)
+        """Shut the lock (see :meth:`closing`) with nothing to give up first."""
+        with self.closing():
+            pass
+
+
+def closed_error(name: str) -> PoolClosedError:
+    """What using a closed pool raises."""
+    return PoolClosedError(f"pool '{name}' was closed here: kvcache.open('{name}') again")
 
 
 def retired_error(name: str, how: int) -> PoolDestroyedError:
@@ -121,9 +153,7 @@ class ClosedLock:
         self._name = name
 
     def __enter__(self) -> None:
-        raise PoolClosedError(
-            f"pool '{self._name}' was closed here: kvcache.open('{self._name}') again"
-        )
+        raise closed_error(self._name)
 
     def __exit__(self, *exc: object) -> None:
         pass  # never reached: __enter__ always raises

@@ -35,12 +35,13 @@ from .errors import (
     CorruptPoolError,
     IncompatiblePoolError,
     InvalidArgument,
+    OutOfSharedMemoryError,
     PoolBusyError,
     PoolDestroyedError,
     PoolFullError,
     ValueTooLargeError,
 )
-from .eviction import EvictionMixin
+from .eviction import EvictionMixin, Growth
 from .index import HashIndex
 from .keys import Key, encode_key, key_hash
 from .layout import (
@@ -136,7 +137,7 @@ class Pool(EvictionMixin, MappingMixin):
         self._policy = get_policy(config.policy)
         data_offset = geometry.data_offset
         self._allocator = PageAllocator(
-            views, lambda off, n: seg.reserve(data_offset + off, n, populate=True)
+            views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
         )
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
@@ -170,11 +171,13 @@ class Pool(EvictionMixin, MappingMixin):
             ValueTooLargeError: key and value exceed the whole pool.
             PoolFullError: no room can be made (all space is being written).
             OutOfSharedMemoryError: /dev/shm is full (``NotEnoughMemoryError``:
-                the pool cannot grow without leaving the machine short of memory).
+                the pool cannot grow without leaving the machine short of memory)
+                and the value is larger than the pages the pool already has; a
+                smaller one is stored by evicting within those pages instead.
             InvalidArgument: bad key, value, priority or ttl.
         """
         key_bytes, flags = encode_key(key)
-        encoded = codec.encode(value)
+        encoded = codec.encode(value, self._num_pages * self._page_size - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
         if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
             raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
@@ -331,7 +334,7 @@ class Pool(EvictionMixin, MappingMixin):
                 )
             }
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
-        attached = self._procs.live()
+            attached = self._procs.live()  # under the lock: a close() may follow it at once
         here = me().pid_ns
         return PoolStats(
             name=self.name,
@@ -408,16 +411,20 @@ class Pool(EvictionMixin, MappingMixin):
     # -------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
-        """Detach from the pool (which lives on until destroyed); idempotent."""
+        """Detach from the pool (which lives on until destroyed); idempotent.
+
+        Waits for a call under the lock in another thread to finish; calls of
+        other threads still waiting for the lock raise ``PoolClosedError``.
+        """
         if self._closed:
             return
         self._closed = True
         _open_pools.discard(self)
         try:
-            if self._slot >= 0:
-                self._procs.leave(self._lock.fd, self._slot)
+            with self._lock.closing() as lock_fd:
+                if self._slot >= 0:
+                    self._procs.leave(lock_fd, self._slot)
         finally:
-            self._lock.close()
             self._lock = ClosedLock(self.name)  # type: ignore[assignment]
             self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
@@ -531,6 +538,7 @@ class Pool(EvictionMixin, MappingMixin):
         *,
         history: History | None = None,
         under_lock: bool = False,
+        evict_within_reserved: bool = True,
     ) -> bool:
         """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused.
 
@@ -540,12 +548,20 @@ class Pool(EvictionMixin, MappingMixin):
         With ``under_lock`` (small values) it all happens in one lock hold.
         Otherwise the entry waits in state WRITING, invisible to readers and
         safe from eviction, while ``fill`` copies without the lock.
-        ``history`` restores a snapshot entry's policy metadata.
+        ``history`` restores a snapshot entry's policy metadata;
+        ``evict_within_reserved`` is ``_reserve``'s.
         """
         num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
         with self._lock:
             eid = self._reserve(
-                flags, key_bytes, header_len, value_len, num_pages, priority, expires_at
+                flags,
+                key_bytes,
+                header_len,
+                value_len,
+                num_pages,
+                priority,
+                expires_at,
+                evict_within_reserved,
             )
             generation = self._eq[eid * ENTRY_WORDS + E.generation]
             targets = self._entry_slices(eid)
@@ -666,8 +682,14 @@ class Pool(EvictionMixin, MappingMixin):
         num_pages: int,
         priority: int,
         expires_at: float,
+        evict_within_reserved: bool,
     ) -> int:
-        """Make room, then take pages and an entry slot in state WRITING; return its id."""
+        """Make room, then take pages and an entry slot in state WRITING; return its id.
+
+        Args:
+            evict_within_reserved: if the pool cannot grow, evict to fit the
+                pages it has rather than fail with ``OutOfSharedMemoryError``.
+        """
         if self._slot < 0:
             raise PoolFullError(
                 f"this process was forked while all {self.config.max_processes} process slots "
@@ -675,7 +697,17 @@ class Pool(EvictionMixin, MappingMixin):
                 f"kvcache.open('{self.name}') again once others have closed it"
             )
         self._make_room(num_pages)
-        first, last = self._allocator.allocate(num_pages)
+        try:
+            first, last = self._allocator.allocate(num_pages)
+        except OutOfSharedMemoryError:
+            # The machine will not back more pages (a full /dev/shm, or the memory
+            # check): fit the put into the pages the pool has, by evicting. Not for a
+            # restore, whose report would overcount, nor for a value that cannot fit
+            # them, for which evicting everything would be in vain.
+            if not evict_within_reserved or num_pages > self._allocator.num_reserved():
+                raise
+            self._make_room(num_pages, within_reserved=True)
+            first, last = self._allocator.allocate(num_pages)
         eid = self._entries.claim()
         q, d, base = self._eq, self._ed, eid * ENTRY_WORDS
         lo, hi = key_hash(key_bytes)
@@ -818,6 +850,7 @@ def create(
     Raises:
         PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     segment.validate_name(name)
     segment.check_mode(mode, force=force)
@@ -905,6 +938,7 @@ def open(
     Raises:
         PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
         UntrustedOwnerError: another user's pool, and neither trust option covers it.
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     trust = owners.Trust.build(trust_owner, trust_group)
     for _ in range(OPEN_ATTEMPTS - 1):

@@ -23,7 +23,9 @@ import contextlib
 import errno
 import mmap
 import os
+import pwd
 import re
+import resource
 import secrets
 import stat
 from collections.abc import Callable
@@ -32,8 +34,10 @@ from pathlib import Path
 
 from . import builds, memory, owners
 from .errors import (
+    AddressSpaceError,
     IncompatiblePoolError,
     InvalidArgument,
+    NotOwnerError,
     OutOfSharedMemoryError,
     PoolExistsError,
     PoolNotFoundError,
@@ -49,6 +53,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would accept a t
 _HIDDEN = re.compile(r"^\.kvcache\.[A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{12}\Z")
 """A pool being built: ``.kvcache.<name>.<12 hex digits>``."""
 GROWTH_ADVICE = "evict, destroy unused pools, or free memory"
+_MAP_ADVICE_CREATE = (
+    "raise the limit (ulimit -v unlimited) or choose a smaller --size; nothing was created"
+)
+_MAP_ADVICE_OPEN = "raise the limit of the process that opens it (ulimit -v unlimited)"
 
 
 def shm_dir() -> Path:
@@ -134,12 +142,27 @@ def list_names() -> list[str]:
 class Segment:
     """One open, mapped pool file."""
 
-    def __init__(self, name: str, path: Path, fd: int, size_bytes: int) -> None:
+    def __init__(self, name: str, path: Path, fd: int, size_bytes: int, *, advice: str) -> None:
+        """Map ``fd``, which the caller still closes if this fails.
+
+        Args:
+            advice: what to do if this process cannot map that much.
+
+        Raises:
+            AddressSpaceError: the mapping does not fit this process's address space.
+        """
         self.name = name
         self.path = path
         self.fd = fd
         self.size_bytes = size_bytes
-        self.buffer = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            self.buffer = mmap.mmap(
+                fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise
+            raise AddressSpaceError(_unmappable(name, size_bytes, advice)) from exc
 
     @cached_property
     def room(self) -> memory.Room:
@@ -219,7 +242,8 @@ def create(
             unpublished, discarded segment leaves no trace.
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument.
+        PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument,
+        AddressSpaceError.
     """
     final = segment_path(name)
     if final.exists() and not hidden:
@@ -238,7 +262,7 @@ def create(
         builds.hold(fd)
         os.fchmod(fd, mode)
         os.ftruncate(fd, size_bytes)
-        segment = Segment(name, temp, fd, size_bytes)
+        segment = Segment(name, temp, fd, size_bytes, advice=_MAP_ADVICE_CREATE)
         segment.reserve(0, reserve_bytes, advice=_create_advice(reserve_bytes == size_bytes))
         initialise(segment)
         if not hidden:
@@ -261,10 +285,15 @@ def publish(segment: Segment, *, replace: bool) -> None:
 
     Raises:
         PoolExistsError: the name is taken and ``replace`` is False.
+        NotOwnerError: the pool to replace belongs to another user.
     """
     final = segment_path(segment.name)
     if replace:
-        os.rename(segment.path, final)
+        try:
+            os.rename(segment.path, final)
+        except PermissionError as exc:
+            _refuse_if_not_owner(final, f"replace pool '{segment.name}'", exc)
+            raise
     else:
         try:
             os.link(segment.path, final)
@@ -283,6 +312,7 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
     Raises:
         PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
         UntrustedOwnerError: another user's pool that ``trust`` does not cover.
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     path = segment_path(name)
     try:
@@ -312,7 +342,11 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
     except BaseException:
         os.close(fd)
         raise
-    return Segment(name, path, fd, info.st_size)
+    try:
+        return Segment(name, path, fd, info.st_size, advice=_MAP_ADVICE_OPEN)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _owner_of(path: Path) -> str:
@@ -324,15 +358,59 @@ def _owner_of(path: Path) -> str:
 
 
 def unlink(name: str) -> None:
-    """Remove pool file ``name``; processes that have it mapped keep their mapping."""
+    """Remove pool file ``name``; processes that have it mapped keep their mapping.
+
+    Raises:
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        NotOwnerError: the pool belongs to another user.
+    """
     try:
         os.unlink(segment_path(name))
     except FileNotFoundError as exc:
         raise PoolNotFoundError(f"no pool named '{name}': see cortex cache list") from exc
+    except PermissionError as exc:
+        _refuse_if_not_owner(segment_path(name), f"destroy pool '{name}'", exc)
+        raise
     except IsADirectoryError as exc:
         raise IncompatiblePoolError(
             f"{segment_path(name)} is a directory, not a kvcache pool"
         ) from exc
+
+
+def _unmappable(name: str, size_bytes: int, advice: str) -> str:
+    """Why a pool could not be mapped: the address-space limit if there is one."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        why = "this process has no address space left for it (see vm.max_map_count)"
+    else:
+        why = (
+            f"this process may map at most {format_size(limit)} in all "
+            "(its address-space limit: ulimit -v, prlimit --as)"
+        )
+    return f"pool '{name}' needs {format_size(size_bytes)} of address space but {why}: {advice}"
+
+
+def _refuse_if_not_owner(path: Path, action: str, denied: PermissionError) -> None:
+    """Raise :class:`NotOwnerError` if ``action`` on ``path`` was ``denied`` for its owner.
+
+    In a sticky folder (``/dev/shm`` is 1777) only a file's owner and root may
+    remove or replace it. A denial for another reason (a folder the caller may
+    not write) stays the caller's ``PermissionError``.
+    """
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return
+    if uid == os.geteuid():
+        return
+    try:
+        owner = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        owner = str(uid)
+    raise NotOwnerError(
+        f"cannot {action}: it belongs to user {owner} (uid {uid}), and only its owner or "
+        f"root may remove or replace it: ask {owner}, or use another pool name"
+    ) from denied
 
 
 def _create_advice(prealloc: bool) -> str:

@@ -405,6 +405,7 @@ def _load(
             float(record["expires_at"]),
             fill,
             history=history,
+            evict_within_reserved=False,  # run short of memory: fail, never drop what was read
         )
         if not restored:
             skipped.append(

@@ -1,0 +1,170 @@
+"""close() while other threads of the process wait for the pool lock.
+
+Regression (issue 15, item 11): ``close`` closed the lock's descriptor under
+threads waiting for the lock, which then failed with ``OSError: [Errno 9] Bad
+file descriptor`` (or locked whatever file reused the number), or found the
+pool's views released under them; a thread that failed that way never let go
+of the thread lock, and the threads behind it hung. Every waiter must get
+``PoolClosedError``, and a call already under the lock must finish first.
+
+The threads are real and blocked for real: behind a ``flock`` that another
+process holds on the segment file, or behind a thread inside the lock. They
+are seen to be waiting through their Python frames, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import kvcache
+from kvcache import lock as lock_module
+from kvcache import segment
+from kvcache.layout import H
+
+JOIN_TIMEOUT_S = 30
+"""Only for the verdict "it hangs": every thread here ends in well under a second."""
+
+HOLD_FLOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def _calls(pool: kvcache.Pool) -> dict[str, Callable[[], object]]:
+    """One of each kind of call that takes the lock."""
+    big = np.zeros(200_000, dtype=np.uint8)  # beyond INLINE_COPY_MAX_BYTES: the seqlock path
+    return {
+        "get": lambda: pool.get("k"),
+        "put": lambda: pool.put("new", b"v"),
+        "put-large": lambda: pool.put("large", big),
+        "get_into": lambda: pool.get_into("k", bytearray(16)),
+        "delete": lambda: pool.delete("k"),
+        "contains": lambda: "k" in pool,
+        "len": lambda: len(pool),
+        "stats": pool.stats,
+        "entries": pool.entries,
+        "evict": lambda: pool.evict(percent=50),
+        "check": pool.check,
+    }
+
+
+class _Caller(threading.Thread):
+    """A thread making one call and keeping what came of it."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self._call = call
+        self.outcome: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._call()
+            self.outcome = "returned"
+        except BaseException as exc:
+            self.outcome = f"{type(exc).__name__}: {exc}"
+
+
+def _wait_until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        time.sleep(0.001)  # polling a condition, not timing anything
+
+
+def _waiting_for_the_lock(thread: threading.Thread) -> bool:
+    """Whether ``thread``'s innermost Python frame is ``PoolLock.__enter__``."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return (
+        frame is not None
+        and frame.f_code.co_name == "__enter__"
+        and frame.f_code.co_filename == lock_module.__file__
+    )
+
+
+def _close_with_waiters(pool: kvcache.Pool, release: Callable[[], None]) -> list[_Caller]:
+    """Start a caller per call, close the pool once they all wait, then ``release`` the lock.
+
+    Returns the callers and the closing thread (last), all finished.
+    """
+    waiters = [_Caller(call) for call in _calls(pool).values()]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        _wait_until(lambda w=waiter: _waiting_for_the_lock(w))
+    lock = pool._lock
+    closer = _Caller(pool.close)
+    closer.start()
+    # Closing has begun once the lock is marked closed (before the fix: once close returned).
+    _wait_until(lambda: getattr(lock, "_closed", False) or not closer.is_alive())
+    release()
+    threads = [*waiters, closer]
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    hung = [t for t in threads if t.is_alive()]
+    assert hung == [], f"threads hung after close(); the others: {[t.outcome for t in threads]}"
+    return threads
+
+
+def _assert_all_refused(threads: list[_Caller], pool_name: str) -> None:
+    *waiters, closer = threads
+    assert closer.outcome == "returned"
+    outcomes = [w.outcome or "" for w in waiters]
+    refused = f"PoolClosedError: pool '{pool_name}' was closed here"
+    assert [o for o in outcomes if not o.startswith(refused)] == []
+    with kvcache.open(pool_name) as again:  # nothing left locked, dirty or leaked
+        assert again.get("k") == b"value"
+        assert again.check() == []
+        assert again.stats().num_attached == 1
+
+
+def test_threads_waiting_behind_another_process_get_pool_closed_error(make_pool, pool_name):
+    pool = make_pool()
+    pool.put("k", b"value")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FLOCK, str(segment.segment_path(pool_name))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+
+        def release() -> None:
+            assert holder.stdin is not None
+            holder.stdin.close()
+
+        threads = _close_with_waiters(pool, release)
+    finally:
+        holder.kill()
+        holder.wait(timeout=JOIN_TIMEOUT_S)
+    _assert_all_refused(threads, pool_name)
+
+
+def test_close_waits_for_the_thread_inside_the_lock(make_pool, pool_name):
+    """The holder keeps working on the pool while close() waits; the rest are refused."""
+    pool = make_pool()
+    pool.put("k", b"value")
+    inside, go = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def hold() -> None:
+        with pool._lock:  # white-box: what every call does first
+            inside.set()
+            go.wait(timeout=JOIN_TIMEOUT_S)
+            seen.append(pool._hq[H.num_live])  # the views must still be there
+
+    holder = _Caller(hold)
+    holder.start()
+    assert inside.wait(timeout=JOIN_TIMEOUT_S)
+    threads = _close_with_waiters(pool, go.set)
+    holder.join(timeout=JOIN_TIMEOUT_S)
+    assert holder.outcome == "returned" and seen == [1]
+    _assert_all_refused(threads, pool_name)
