@@ -311,6 +311,7 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
 
     Raises:
         PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        NotOwnerError: another user's pool whose mode lets this user not even open it.
         UntrustedOwnerError: another user's pool that ``trust`` does not cover.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
@@ -323,8 +324,9 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
             "or list pools (cortex cache list)"
         ) from exc
     except PermissionError as exc:
-        raise PoolNotFoundError(
-            f"pool '{name}' belongs to another user{_owner_of(path)}: ask its owner for access"
+        raise NotOwnerError(
+            f"pool '{name}' belongs to another user{_owner_of(path)}, whose mode gives you no "
+            "access: ask its owner for access, or use another pool name"
         ) from exc
     except IsADirectoryError as exc:
         raise IncompatiblePoolError(f"{path} is a directory, not a kvcache pool") from exc
