@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar, overload
+from typing import NamedTuple, TypeVar, overload
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from .keys import Key, encode_key, key_hash
 from .layout import (
     ENTRY_WORDS,
     KEY_IS_STR,
+    PRIORITY_LIMIT,
     READY,
     VALUE_IS_ARRAY,
     WRITING,
@@ -78,8 +79,19 @@ History = tuple[int, int, float]
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
-def _intact(views: list[memoryview], checksum_word: int) -> bool:
-    return transfer.checksum(views) == transfer.from_word(checksum_word)
+class _Summed(NamedTuple):
+    """What an entry's checksum covers, read under the lock, and the sum it was published with."""
+
+    views: list[memoryview]  # key | value header | payload
+    fields: tuple[int, int, int, int]  # flags, key_len, header_len, value_len
+    checksum_word: int
+
+    def computed(self) -> int:
+        """The checksum of what is there now."""
+        return transfer.checksum(self.views, *self.fields)
+
+    def intact(self) -> bool:
+        return self.computed() == transfer.from_word(self.checksum_word)
 
 
 class Pool(EvictionMixin, MappingMixin):
@@ -172,7 +184,11 @@ class Pool(EvictionMixin, MappingMixin):
         key_bytes, flags = encode_key(key)
         encoded = codec.encode(value)
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or abs(priority) >= PRIORITY_LIMIT
+        ):
             raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
         ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
         expires_at = self._clock() + ttl_s if ttl_s else math.inf
@@ -184,9 +200,12 @@ class Pool(EvictionMixin, MappingMixin):
                 f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
             )
         pieces = (key_bytes, encoded.header, encoded.payload)
+        flags |= VALUE_IS_ARRAY if encoded.is_array else 0
         # Summed from the caller's bytes before the lock is taken, so no lock hold
         # grows by it; the pages then hold exactly these bytes.
-        checksum = transfer.checksum([key_bytes, encoded.header, encoded.payload])
+        checksum = transfer.checksum(
+            pieces, flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes
+        )
 
         def fill(targets: list[memoryview]) -> int:
             transfer.scatter(targets, pieces)
@@ -194,7 +213,7 @@ class Pool(EvictionMixin, MappingMixin):
 
         self._store(
             key_bytes,
-            flags | (VALUE_IS_ARRAY if encoded.is_array else 0),
+            flags,
             len(encoded.header),
             encoded.payload.nbytes,
             priority,
@@ -375,9 +394,8 @@ class Pool(EvictionMixin, MappingMixin):
         with self._lock:
             if self._eq[base + E.state] != READY:
                 return None  # gone since the ids were read
-            generation, expected = self._eq[base + E.generation], self._eq[base + E.checksum]
-            views = self._entry_slices(eid)
-        if _intact(views, expected):
+            generation, summed = self._eq[base + E.generation], self._summed(eid)
+        if summed.intact():
             return None
         with self._lock:
             if self._eq[base + E.generation] != generation:
@@ -466,15 +484,14 @@ class Pool(EvictionMixin, MappingMixin):
                 if eid < 0:
                     return None
                 header, payload, generation = self._value_views(eid)
-                checked = self._entry_slices(eid) if self.verify_reads else None
-                expected = self._eq[eid * ENTRY_WORDS + E.checksum]
+                checked = self._summed(eid) if self.verify_reads else None
                 if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
-                    if checked is not None and not _intact(checked, expected):
+                    if checked is not None and not checked.intact():
                         self._drop_damaged(eid)
                         return None
                     return copy(header, payload)
             copied = copy(header, payload)
-            intact = checked is None or _intact(checked, expected)
+            intact = checked is None or checked.intact()
             with self._lock:
                 if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                     if intact:
@@ -603,6 +620,16 @@ class Pool(EvictionMixin, MappingMixin):
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
+
+    def _summed(self, eid: int) -> _Summed:
+        q, base = self._eq, eid * ENTRY_WORDS
+        fields = (
+            q[base + E.flags],
+            q[base + E.key_len],
+            q[base + E.header_len],
+            q[base + E.value_len],
+        )
+        return _Summed(self._entry_slices(eid), fields, q[base + E.checksum])
 
     def _entry_slices(self, eid: int) -> list[memoryview]:
         """Views of all of an entry's bytes (key | value header | payload)."""
