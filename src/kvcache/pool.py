@@ -36,6 +36,8 @@ from .errors import (
     InvalidArgument,
     PoolFullError,
     ValueTooLargeError,
+    damaged,
+    reports_damage,
 )
 from .eviction import EvictionMixin
 from .index import HashIndex
@@ -162,6 +164,7 @@ class Pool(EvictionMixin, MappingMixin):
 
     # ----------------------------------------------------------------- writes
 
+    @reports_damage
     def put(
         self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None
     ) -> None:
@@ -225,6 +228,7 @@ class Pool(EvictionMixin, MappingMixin):
     def __setitem__(self, key: Key, value: Value) -> None:
         self.put(key, value)
 
+    @reports_damage
     def delete(self, key: Key) -> bool:
         """Remove ``key``; return whether it was there."""
         key_bytes, _ = encode_key(key)
@@ -245,11 +249,13 @@ class Pool(EvictionMixin, MappingMixin):
     def get(self, key: Key) -> Value | None: ...
     @overload
     def get(self, key: Key, default: Default) -> Value | Default: ...
+    @reports_damage
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
         value = self._read(key, transfer.materialise)
         return default if value is None else value
 
+    @reports_damage
     def get_into(self, key: Key, buffer: object) -> int | None:
         """Copy the value's bytes into ``buffer`` (any writable buffer); None on a miss.
 
@@ -285,6 +291,7 @@ class Pool(EvictionMixin, MappingMixin):
             raise KeyError(key)
         return value
 
+    @reports_damage
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` has a live value (no effect on stats or recency)."""
         if not isinstance(key, (str, bytes)):
@@ -294,10 +301,15 @@ class Pool(EvictionMixin, MappingMixin):
             eid = self._find(key_bytes)
             return eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
 
+    @reports_damage
     def __len__(self) -> int:
         with self._lock:
-            return self._hq[H.num_live]
+            num_live = self._hq[H.num_live]
+        if not 0 <= num_live <= self.config.max_entries:  # len() would raise a ValueError
+            raise damaged(self.name, f"live entry count {num_live}")
+        return num_live
 
+    @reports_damage
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
         """Live entries with their metadata, first the ones ``sort`` puts first.
 
@@ -329,6 +341,7 @@ class Pool(EvictionMixin, MappingMixin):
     def __iter__(self) -> Iterator[Key]:
         return iter(self.keys())
 
+    @reports_damage
     def stats(self) -> PoolStats:
         """Occupancy and counters as every attached process sees them."""
         with self._lock:
@@ -362,6 +375,7 @@ class Pool(EvictionMixin, MappingMixin):
             **counters,
         )
 
+    @reports_damage
     def check(self, repair: bool = False) -> list[str]:
         """Recount every invariant and every entry's checksum; return what is wrong.
 
@@ -405,6 +419,7 @@ class Pool(EvictionMixin, MappingMixin):
                 self._drop_damaged(eid)
             return key
 
+    @reports_damage
     def persist(
         self,
         path: str | os.PathLike[str] | None = None,
@@ -575,8 +590,14 @@ class Pool(EvictionMixin, MappingMixin):
         return self._eq[base + E.generation] == generation and self._eq[base + E.state] == READY
 
     def _key_of(self, eid: int) -> Key:
+        """The key of entry ``eid`` as it was given (for listings: checked, unlike lookups)."""
+        base = eid * ENTRY_WORDS
+        if not 0 <= self._eq[base + E.first_page] < self._num_pages:
+            raise damaged(self.name, f"entry {eid}'s first page is outside the pool")
         key = bytes(self._key_view(eid))
-        return key.decode("utf-8") if self._eq[eid * ENTRY_WORDS + E.flags] & KEY_IS_STR else key
+        if not 0 < len(key) == self._eq[base + E.key_len]:
+            raise damaged(self.name, f"entry {eid}'s key length is out of range")
+        return key.decode("utf-8") if self._eq[base + E.flags] & KEY_IS_STR else key
 
     def _key_view(self, eid: int) -> memoryview:
         base = eid * ENTRY_WORDS
@@ -665,7 +686,13 @@ class Pool(EvictionMixin, MappingMixin):
                 f"of pool '{self.name}' were taken, so it may read but not write: "
                 f"kvcache.open('{self.name}') again once others have closed it"
             )
-        self._make_room(num_pages)
+        try:
+            self._make_room(num_pages)
+        except PoolFullError:
+            if (self._views.entries["state"] == WRITING).any():
+                raise
+            # Nothing left to evict and no one writing: the free counts are wrong.
+            raise damaged(self.name, "no room, yet no entry is left to evict") from None
         first, last = self._allocator.allocate(num_pages)
         eid = self._entries.claim()
         q, d, base = self._eq, self._ed, eid * ENTRY_WORDS
@@ -755,7 +782,9 @@ class Pool(EvictionMixin, MappingMixin):
             self._hq[H.clock] = clock
 
     def _recovery_parts(self) -> recovery.Parts:
-        return recovery.Parts(self._views, self._allocator, self._entries, self._index, self._procs)
+        return recovery.Parts(
+            self._views, self._allocator, self._entries, self._index, self._procs, self.config
+        )
 
     def _repair_after_crash(self) -> None:
         recovery.rebuild(self._recovery_parts())

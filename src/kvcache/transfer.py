@@ -17,12 +17,20 @@ import xxhash
 
 from . import codec
 from .allocator import Run
+from .errors import CorruptPoolError
 
 
 def slices(
     data: memoryview, page_size: int, runs: list[Run], start: int, length: int
 ) -> list[memoryview]:
-    """Views of bytes ``[start, start+length)`` of an entry laid over ``runs``."""
+    """Views of bytes ``[start, start+length)`` of an entry laid over ``runs``.
+
+    Raises:
+        CorruptPoolError: a negative start or length (damaged lengths): a slice
+            with a negative bound would wrap around to the end of the pool.
+    """
+    if start < 0 or length < 0:
+        raise CorruptPoolError("an entry's lengths are damaged: run cortex cache health --repair")
     views: list[memoryview] = []
     for first, count in runs:
         run_bytes = count * page_size
