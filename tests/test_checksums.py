@@ -6,13 +6,17 @@ a stray writer (or the namespace bug that motivated this) would.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+import xxhash
 
 import kvcache
+from kvcache import transfer
 from kvcache.keys import key_hash as _hash
+from kvcache.layout import ENTRY_WORDS, KEY_IS_STR, E
 
 Maker = Callable[..., kvcache.Pool]
 
@@ -95,3 +99,66 @@ def test_a_value_changed_by_its_caller_during_a_put_is_caught(make_pool: Maker) 
     finally:
         kvcache.transfer.scatter = original
     assert any("'raced'" in p for p in pool.check())
+
+
+# ------------------------------------------- the read fields are covered too
+
+
+def _record(pool: kvcache.Pool, key: str | bytes) -> tuple[int, memoryview]:
+    eid = pool._index.find(*_hash(key if isinstance(key, bytes) else key.encode()))
+    assert eid >= 0
+    return eid, pool._eq
+
+
+def test_the_checksum_is_the_documented_formula() -> None:
+    """As docs/snapshot-format.md says: XXH3-64 of four little-endian int64 fields, then bytes."""
+    pieces = [b"key", b"", b"value"]
+    expected = xxhash.xxh3_64(struct.pack("<4q", 1, 3, 0, 5) + b"keyvalue").intdigest()
+    assert transfer.checksum(pieces, 1, 3, 0, 5) == expected
+    others = {
+        transfer.checksum(pieces, *fields) for fields in [(0, 3, 0, 5), (1, 4, 0, 4), (1, 3, 1, 4)]
+    }
+    assert expected not in others and len(others) == 3  # same bytes, other fields: other sums
+
+
+def test_bug_value_len_changed_within_its_pages_passed_check(make_pool: Maker) -> None:
+    """Regression (issue 15): a value_len changed without changing the page count passed
+    check() and repair, and get returned a value of the wrong length. Caught since the
+    entry checksums of issue 9 (the sum then covers other bytes); see below for changes
+    that leave the summed bytes as they were."""
+    pool = make_pool("4M", page_size="4K")
+    pool.put("k", b"v" * 5000)  # 2 pages of 4 KiB, as 6000 bytes would be
+    eid, q = _record(pool, "k")
+    q[eid * ENTRY_WORDS + E.value_len] = 6000
+    problems = pool.check()
+    assert len(problems) == 1 and "'k'" in problems[0] and "checksum" in problems[0]
+    assert pool.check(repair=True) == problems
+    assert pool.get("k") is None and pool.check() == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "changes"),
+    [
+        # the same bytes split differently between key and value
+        ("ab", b"x" * 100, {"key_len": +1, "value_len": -1}),
+        # between the array's header and its payload
+        ("arr", np.arange(10, dtype=np.int64), {"header_len": +1, "value_len": -1}),
+        # a bytes key that happens to be UTF-8, read back as text
+        (b"bytes", b"y" * 10, {"flags": KEY_IS_STR}),
+        # a text key read back as bytes
+        ("text", b"z" * 10, {"flags": -KEY_IS_STR}),
+    ],
+)
+def test_changed_read_fields_are_found_by_check(
+    make_pool: Maker, key: str | bytes, value: object, changes: dict[str, int]
+) -> None:
+    """Each change leaves the hashed bytes as they were: only the fields tell."""
+    pool = make_pool("4M", page_size="4K")
+    pool.put(key, value)  # type: ignore[arg-type]
+    eid, q = _record(pool, key)
+    for field, delta in changes.items():
+        q[eid * ENTRY_WORDS + getattr(E, field)] += delta
+    problems = pool.check()  # the checksum, or first a key hash that no longer fits
+    assert any(f"entry {eid}" in p or "checksum" in p for p in problems), problems
+    pool.check(repair=True)
+    assert pool.get(key) is None and pool.check() == []

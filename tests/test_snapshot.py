@@ -10,6 +10,7 @@ durability promises (a process killed mid-persist, a full disk).
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import signal
 import stat
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -312,7 +314,7 @@ def test_config_survives_and_inspect_reports_it(make_pool, pools, clock, tmp_pat
     assert info.data_bytes == 1 + 10 + 1 + (2 + 3 + 8) + 40  # keys, array header, payloads
     assert info.file_bytes == path.stat().st_size
     assert before - 1 <= info.created_at <= time.time() + 1
-    assert info.format_version == FORMAT_VERSION == 1
+    assert info.format_version == FORMAT_VERSION == 2
     assert info.to_dict()["config"] == original.config.to_dict()
 
     restored = pools.keep(kvcache.restore_with_report(pools.name(), path, clock=clock)[0])
@@ -323,6 +325,47 @@ def test_config_survives_and_inspect_reports_it(make_pool, pools, clock, tmp_pat
     clock.advance(2)
     assert restored.get("new") is None
     assert restored.get("a") is None  # put earlier, with the same default ttl
+
+
+def _snapshot_v1_module() -> ModuleType:
+    path = Path(__file__).parent / "data" / "make_snapshot_v1.py"
+    spec = importlib.util.spec_from_file_location("make_snapshot_v1", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_version_1_snapshot_of_the_previous_release_restores(pools, tmp_path):
+    """Version 1 summed an entry's bytes only: its files are verified by that sum, and
+    the restored pool keeps today's sums (which also cover the read fields)."""
+    made = _snapshot_v1_module()
+    v1 = Path(made.__file__).with_name("snapshot-v1.kvsnap")  # written by 515ebf2
+    assert kvcache.inspect_snapshot(v1).format_version == 1
+    restored, report = kvcache.restore_with_report(pools.name(), v1)
+    pools.keep(restored)
+    assert (report.num_restored, report.skipped) == (len(made.VALUES), [])
+    for key, value in made.VALUES.items():
+        got = restored.get(key)
+        assert type(got) is type(value) and np.array_equal(got, value), key  # type: ignore[arg-type]
+    entries = {e.key: e for e in restored.entries()}
+    assert {key: entries[key].priority for key in made.PRIORITIES} == made.PRIORITIES
+    assert entries["array"].frequency > 1  # its hits before the snapshot
+    assert restored.check() == []  # the sums were converted, not copied
+    again = kvcache.inspect_snapshot(restored.persist(tmp_path / "again.kvsnap"))
+    assert again.format_version == FORMAT_VERSION == 2
+
+
+def test_a_damaged_entry_of_a_version_1_snapshot_is_skipped(pools, tmp_path):
+    raw = bytearray((Path(__file__).parent / "data" / "snapshot-v1.kvsnap").read_bytes())
+    raw[HEADER_BYTES + 5] ^= 0x01  # in the first entry's bytes: the header sum still holds
+    damaged = tmp_path / "damaged-v1.kvsnap"
+    damaged.write_bytes(bytes(raw))
+    restored, report = kvcache.restore_with_report(pools.name(), damaged)
+    pools.keep(restored)
+    assert len(report.skipped) == 1 and "checksum" in report.skipped[0]
+    assert report.num_restored == len(_snapshot_v1_module().VALUES) - 1
+    assert restored.check() == []
 
 
 def test_entries_that_expired_while_down_are_not_restored(make_pool, pools, clock, tmp_path):

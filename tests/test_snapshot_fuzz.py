@@ -11,6 +11,8 @@ a live pool with ``replace=True``: when it fails, that pool must be untouched
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -28,13 +30,16 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import kvcache
-from kvcache import SnapshotError, transfer
+from kvcache import SnapshotError
+from kvcache.cli import run
 from kvcache.config import PoolConfig
+from kvcache.pool import ENTRY_SORTS
 from kvcache.snapshot.format import (
     HEADER_BYTES,
     HEADER_DTYPE,
     RECORD_DTYPE,
     encode_header,
+    pool_checksum,
 )
 
 SHM = Path(os.environ.get("KVCACHE_SHM_DIR", "/dev/shm"))
@@ -364,7 +369,7 @@ def crafted(entries: list[dict[str, int]], data: bytes, **config_fields: object)
             record[name] = value
         offset, length = int(record["offset"]), int(record["key_len"]) + int(record["value_len"])
         if offset >= 0 and offset + length <= len(data):
-            record["checksum"] = transfer.checksum([data[offset : offset + length]])
+            record["checksum"] = pool_checksum(record, [data[offset : offset + length]])
     header = bytearray(encode_header("crafted", config, 0.0, 10, records, len(data), mode=0o600))
     for name, value in config_fields.items():  # break the config, then re-seal the header
         offset, size = HEADER_DTYPE.fields[name][1], HEADER_DTYPE.fields[name][0].itemsize  # type: ignore[index]
@@ -393,7 +398,7 @@ def foreign_files(real: bytes) -> dict[str, tuple[bytes, str]]:
     """name -> (file contents, what the error must say)."""
     rng = np.random.default_rng(13)
     json_doc = json.dumps({"name": "pool", "entries": [{"k": i, "v": "x" * 20} for i in range(30)]})
-    v2 = patched(real, "format_version", 2)
+    v3 = patched(real, "format_version", 3)
     ok = {"key_len": 4, "value_len": 60}
     second = {"offset": 64, "key_len": 4, "value_len": 30}
     return {
@@ -401,7 +406,7 @@ def foreign_files(real: bytes) -> dict[str, tuple[bytes, str]]:
         "100 random bytes": (rng.bytes(100), "not a kvcache snapshot"),
         "64 KiB of random bytes": (rng.bytes(64 << 10), "not a kvcache snapshot"),
         "a JSON file": (json_doc.encode(), "not a kvcache snapshot"),
-        "right magic, version 2": (v2, "version 2"),
+        "right magic, version 3": (v3, "version 3"),
         "right magic, version 2**40": (patched(real, "format_version", 2**40), "version"),
         "num_records 2**40": (patched(real, "num_records", 2**40), "do not add up"),
         "num_records -1": (patched(real, "num_records", -1), "do not add up"),
@@ -492,3 +497,204 @@ def test_bug_record_offset_overflow_crashed_restore(pool_name, scratch):
         kvcache.restore(pool_name, scratch)
     assert pool_name not in kvcache.list_pools()
     assert hidden_segments(pool_name) == []
+
+
+# ------------------------------------------------------------ resealed edits
+#
+# Checksums prove that bytes are the ones written, not that what was written
+# makes sense. Here a field is edited and every checksum is then recomputed
+# (the entry's over its bytes and read fields, the header's over header and
+# table), as a tool that means to would: only the meaning of the fields is
+# left to catch it. The oracle: a SnapshotError that leaves the live pool
+# alone, or a restored pool that works in every way and checks clean.
+
+
+@dataclass
+class Opened:
+    """A snapshot file taken apart, to edit and seal again."""
+
+    header: np.ndarray  # 0-d, a copy
+    records: np.ndarray  # a copy
+    data: bytearray
+
+    @classmethod
+    def of(cls, raw: bytes) -> Opened:
+        header = np.frombuffer(raw[: HEADER_DTYPE.itemsize], HEADER_DTYPE)[0].copy()
+        records_offset = int(header["records_offset"])
+        records = np.frombuffer(raw[records_offset:], RECORD_DTYPE).copy()
+        return cls(header, records, bytearray(raw[HEADER_BYTES:records_offset]))
+
+    def sealed(self) -> bytes:
+        """The file, with every checksum recomputed for what it now says."""
+        for record in self.records:
+            start = int(record["offset"])
+            end = start + sum(int(record[n]) for n in ("key_len", "header_len", "value_len"))
+            if 0 <= start <= end <= len(self.data):
+                record["checksum"] = pool_checksum(record, [bytes(self.data[start:end])])
+        header = self.header.tobytes().ljust(HEADER_BYTES, b"\0")
+        return _resealed(header, self.records) + bytes(self.data) + self.records.tobytes()
+
+    def index(self, key: str | bytes) -> int:
+        """The record index of ``key``."""
+        encoded = key.encode() if isinstance(key, str) else key
+        for i, record in enumerate(self.records):
+            start = int(record["offset"])
+            if bytes(self.data[start : start + int(record["key_len"])]) == encoded:
+                return i
+        raise KeyError(key)
+
+
+def restore_resealed(live: LivePool, path: Path, raw: bytes) -> kvcache.RestoreReport | None:
+    """Restore ``raw`` over the live pool; None if refused. A restored pool must be sound.
+
+    Besides a damaged file, a refusal may be a pool the file validly asks for
+    but this machine cannot give (a size of 2**40), or a mode that needs ``force``.
+    """
+    write_file(path, raw)
+    try:
+        pool, report = kvcache.restore_with_report(live.name, path, replace=True)
+    except (SnapshotError, kvcache.OutOfSharedMemoryError, kvcache.InvalidArgument):
+        live.assert_untouched()
+        return None
+    try:
+        assert_sound(pool, report, len(Opened.of(raw).records))
+    finally:
+        pool.close()
+        live.reset()
+    return report
+
+
+def assert_sound(pool: kvcache.Pool, report: kvcache.RestoreReport, num_records: int) -> None:
+    """Everything works on a restored pool and it checks clean; then (closed) ``cortex
+    cache entries`` lists it."""
+    accounted = report.num_restored + report.num_expired + report.num_dropped + len(report.skipped)
+    assert accounted == num_records
+    keys = pool.keys()
+    assert len(keys) == len(pool) == report.num_restored
+    assert all(pool.get(key) is not None for key in keys)
+    for sort in ENTRY_SORTS:
+        assert len(pool.entries(sort=sort)) == len(keys)
+    assert pool.check() == []
+    pool.put("fresh", b"new")  # every later put and get keeps working
+    assert pool.get("fresh") == b"new"
+    pool.evict(percent=50)
+    assert pool.check() == []
+    pool.close()  # the file may allow as few as one process
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert run(["entries", pool.name]) == 0
+
+
+RECORD_VALUES = [0, 1, -1, 2, 1023, 1024, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63)]
+FLOAT_VALUES = [0.0, -1.0, -0.0, 1e300, float("nan"), float("inf"), float("-inf")]
+
+
+def edited_values(kind: str, old: object) -> list[object]:
+    if kind == "f":
+        return FLOAT_VALUES
+    return sorted({*RECORD_VALUES, int(old) - 1, int(old) + 1})  # type: ignore[call-overload]
+
+
+def test_resealed_edit_of_every_record_field_is_refused_or_restores_a_sound_pool(
+    small, live, scratch
+):
+    base = Opened.of(small.raw)
+    outcomes: dict[str, set[str]] = {}
+    for name in RECORD_DTYPE.names:
+        if name == "checksum":
+            continue  # recomputed by the sealing
+        kind = RECORD_DTYPE.fields[name][0].kind  # type: ignore[index]
+        for index in (0, len(base.records) - 1):
+            for value in edited_values(kind, base.records[name][index]):
+                snap = Opened.of(small.raw)
+                snap.records[name][index] = value
+                report = restore_resealed(live, scratch, snap.sealed())
+                outcome = "refused" if report is None else f"{len(report.skipped)} skipped"
+                outcomes.setdefault(name, set()).add(outcome)
+    # every field is looked at: each can be made to refuse the file or skip the entry
+    assert all(len(seen) > 1 or "refused" in seen for seen in outcomes.values()), outcomes
+
+
+def test_resealed_edit_of_every_header_field_is_refused_or_restores_a_sound_pool(
+    small, live, scratch
+):
+    for name in HEADER_DTYPE.names:
+        if name in ("checksum", "magic"):
+            continue
+        kind = HEADER_DTYPE.fields[name][0].kind  # type: ignore[index]
+        if kind == "S":
+            values: list[object] = [b"", b"\xff\xfe", b"lfu", b"x" * 16]
+        else:
+            values = edited_values(kind, Opened.of(small.raw).header[name])
+        for value in values:
+            snap = Opened.of(small.raw)
+            snap.header[name] = value
+            restore_resealed(live, scratch, snap.sealed())
+
+
+@FUZZ
+@given(data=st.data())
+def test_random_resealed_edits_are_refused_or_restore_a_sound_pool(small, live, scratch, data):
+    snap = Opened.of(small.raw)
+    for _ in range(data.draw(st.integers(1, 3))):
+        index = data.draw(st.integers(0, len(snap.records) - 1))
+        name = data.draw(st.sampled_from([n for n in RECORD_DTYPE.names if n != "checksum"]))
+        if RECORD_DTYPE.fields[name][0].kind == "f":  # type: ignore[index]
+            snap.records[name][index] = data.draw(st.floats())
+        else:
+            snap.records[name][index] = data.draw(st.integers(-(2**63), 2**63 - 1))
+    if data.draw(st.booleans()):  # and some bytes of the data
+        position = data.draw(st.integers(0, len(snap.data) - 1))
+        snap.data[position] = data.draw(st.integers(0, 255))
+    report = restore_resealed(live, scratch, snap.sealed())
+    event("refused" if report is None else f"{len(report.skipped)} skipped")
+
+
+def test_bug_resealed_text_key_that_is_not_utf8_crashed_keys_and_entries(live, scratch, small):
+    """Regression: a key flagged as text whose bytes are not UTF-8 restored "fine";
+    keys() and `cortex cache entries` then raised UnicodeDecodeError."""
+    snap = Opened.of(small.raw)
+    index = snap.index("ключ")
+    snap.data[int(snap.records["offset"][index])] = 0xFF
+    report = restore_resealed(live, scratch, snap.sealed())
+    assert report is not None and len(report.skipped) == 1
+    assert report.skipped[0].startswith(f"entry {index} ") and "not UTF-8" in report.skipped[0]
+
+
+@pytest.mark.parametrize("field", ["last_access", "created"])
+def test_bug_resealed_clock_values_past_the_clock_broke_every_later_put(
+    live, scratch, small, field
+):
+    """Regression: a last_access (or created) of 2**63-1 restored, and every later
+    get or put then raised ValueError (the clock could not tick past it)."""
+    snap = Opened.of(small.raw)
+    snap.records[field][0] = 2**63 - 1
+    report = restore_resealed(live, scratch, snap.sealed())
+    assert report is not None and len(report.skipped) == 1
+    assert report.skipped[0].startswith("entry 0 ") and "clock" in report.skipped[0]
+
+
+def test_bug_resealed_clock_of_2_63_broke_every_later_put(live, scratch, small):
+    snap = Opened.of(small.raw)
+    snap.header["clock"] = 2**63 - 1
+    with pytest.raises(SnapshotError, match="clock"):
+        kvcache.restore(live.name, _written(scratch, snap.sealed()), replace=True)
+    live.assert_untouched()
+
+
+def test_flags_are_covered_by_the_entry_checksum(live, scratch, small):
+    """A text key turned into a bytes key, with only the header resealed: the entry's
+    own checksum no longer matches, so it is skipped."""
+    snap = Opened.of(small.raw)
+    index = snap.index("text")
+    snap.records["flags"][index] &= ~1
+    header = snap.header.tobytes().ljust(HEADER_BYTES, b"\0")
+    raw = _resealed(header, snap.records) + bytes(snap.data) + snap.records.tobytes()
+    report = restore_resealed(live, scratch, raw)
+    assert report is not None
+    assert [s.split(" ")[1] for s in report.skipped] == [str(index)]
+    assert "checksum" in report.skipped[0]
+
+
+def _written(path: Path, raw: bytes) -> Path:
+    write_file(path, raw)
+    return path

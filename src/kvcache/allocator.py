@@ -10,6 +10,10 @@ are needed, so a full ``/dev/shm`` is a clean error instead of a SIGBUS.
 Allocation cost is one step per page taken (Python-level); reading a chain
 coalesces consecutive pages into runs so a large value is copied with few
 ``memcpy`` calls when its pages happen to be adjacent (they are, in a fresh pool).
+
+Every walk is bounded (a chain by its page count, the free list by the free
+pages counter) and every link is range-checked before it is followed, so
+damaged links are a ``CorruptPoolError``, never a hang or a write elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from .errors import CorruptPoolError
 from .layout import NO_PAGE, H, Views
 
+_REPAIR = "run cortex cache health --repair"
 RESERVE_GRANULE_BYTES = 8 << 20
 """Reserve fresh pages 8 MiB at a time: one fallocate per 8 MiB keeps the
 syscall off most puts, and zeroing 8 MiB (~1 ms) under the lock stays short."""
@@ -42,9 +47,17 @@ class PageAllocator:
         self._reserve = reserve
 
     def num_available(self) -> int:
-        """Pages that can be allocated without evicting."""
+        """Pages that can be allocated without evicting.
+
+        Raises:
+            CorruptPoolError: the counters are out of range (eviction would empty
+                the pool in vain).
+        """
         h = self._header_q
-        return h[H.num_free_pages] + self._num_pages - h[H.next_fresh_page]
+        num_free, fresh = h[H.num_free_pages], h[H.next_fresh_page]
+        if num_free < 0 or not 0 <= fresh <= self._num_pages:
+            raise CorruptPoolError(f"the pool's page counters are damaged: {_REPAIR}")
+        return num_free + self._num_pages - fresh
 
     def num_reserved_available(self) -> int:
         """Pages that can be allocated without evicting or reserving more memory."""
@@ -60,17 +73,19 @@ class PageAllocator:
 
         Raises:
             OutOfSharedMemoryError: fresh pages could not be backed; nothing changed.
+            CorruptPoolError: the free list or the watermarks are damaged; nothing changed.
         """
         h, nxt = self._header_q, self._next_q
         from_free = min(num_pages, h[H.num_free_pages])
         from_fresh = num_pages - from_free
-        if from_fresh:
-            self._reserve_fresh(h[H.next_fresh_page] + from_fresh)
+        if from_free < 0 or not 0 <= h[H.next_fresh_page] <= self._num_pages - from_fresh:
+            raise CorruptPoolError(f"the pool's page counters are damaged: {_REPAIR}")
         first = last = NO_PAGE
         if from_free:
-            first = last = h[H.free_page_head]
-            for _ in range(from_free - 1):
-                last = nxt[last]
+            first, last = h[H.free_page_head], self._free_page(from_free)
+        if from_fresh:
+            self._reserve_fresh(h[H.next_fresh_page] + from_fresh)
+        if from_free:
             h[H.free_page_head] = nxt[last]
             h[H.num_free_pages] -= from_free
         if from_fresh:
@@ -87,9 +102,23 @@ class PageAllocator:
         h[H.used_pages] += num_pages
         return first, last
 
+    def _free_page(self, count: int) -> int:
+        """The ``count``-th page of the free list (from 1), every link range-checked."""
+        nxt, limit = self._next_q, self._num_pages
+        page = self._header_q[H.free_page_head]
+        for _ in range(count - 1):
+            if not 0 <= page < limit:
+                break
+            page = nxt[page]
+        if not 0 <= page < limit:
+            raise CorruptPoolError(f"the pool's free page list is damaged: {_REPAIR}")
+        return page
+
     def free(self, first: int, last: int, num_pages: int) -> None:
         """Return a whole chain to the free list in O(1)."""
-        h = self._header_q
+        h, limit = self._header_q, self._num_pages
+        if not (0 <= first < limit and 0 <= last < limit):
+            raise CorruptPoolError(f"an entry's page chain is damaged: {_REPAIR}")
         self._next_q[last] = h[H.free_page_head]
         h[H.free_page_head] = first
         h[H.num_free_pages] += num_pages
@@ -124,6 +153,8 @@ class PageAllocator:
     def _reserve_fresh(self, end_page: int) -> None:
         h = self._header_q
         reserved = h[H.reserved_pages]
+        if not 0 <= reserved <= self._num_pages:  # too high would skip reserving: SIGBUS later
+            raise CorruptPoolError(f"the pool's reserved-page watermark is damaged: {_REPAIR}")
         if end_page <= reserved:
             return
         granule = max(1, RESERVE_GRANULE_BYTES // self._page_size)

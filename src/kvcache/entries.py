@@ -8,13 +8,22 @@ never used sit above ``next_fresh_entry``.
 The live list holds the ids of READY entries densely (``live_pos`` points
 back), so eviction can sample live entries uniformly in O(1) however sparse the
 table is, and adding or removing one is a swap with the last.
+
+Links read from the table (the free chain's head, a live position) are
+range-checked before they are followed: a damaged one is a
+``CorruptPoolError``, never a write into another entry's record.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .errors import CorruptPoolError
 from .layout import ENTRY_WORDS, FREE, READY, E, H, Views
+
+
+def _damaged(what: str) -> CorruptPoolError:
+    return CorruptPoolError(f"the pool's {what} is damaged: run cortex cache health --repair")
 
 
 class EntryTable:
@@ -29,14 +38,22 @@ class EntryTable:
         self._max_entries = views.geometry.max_entries
 
     def claim(self) -> int:
-        """A FREE slot's id, or -1 if every slot is in use. Bumps its generation."""
+        """A FREE slot's id, or -1 if every slot is in use. Bumps its generation.
+
+        Raises:
+            CorruptPoolError: the free chain leads outside the table or to a slot in use.
+        """
         h, q = self._header_q, self._q
         head = h[H.free_entry_head]
         if head:
             eid = head - 1
+            if not 0 <= eid < self._max_entries or q[eid * ENTRY_WORDS + E.state] != FREE:
+                raise _damaged("chain of free entries")
             h[H.free_entry_head] = q[eid * ENTRY_WORDS + E.next_free]
         elif h[H.next_fresh_entry] < self._max_entries:
             eid = h[H.next_fresh_entry]
+            if eid < 0:
+                raise _damaged("watermark of entries")
             h[H.next_fresh_entry] = eid + 1
         else:
             return -1
@@ -61,6 +78,8 @@ class EntryTable:
         """Append ``eid`` to the live list."""
         h = self._header_q
         pos = h[H.num_live]
+        if not 0 <= pos < self._max_entries:
+            raise _damaged("count of live entries")
         self._live_q[pos] = eid
         self._q[eid * ENTRY_WORDS + E.live_pos] = pos
         h[H.num_live] = pos + 1
@@ -70,7 +89,11 @@ class EntryTable:
         h, q, live = self._header_q, self._q, self._live_q
         pos = q[eid * ENTRY_WORDS + E.live_pos]
         last = h[H.num_live] - 1
+        if not 0 <= pos <= last < self._max_entries or live[pos] != eid:
+            raise _damaged("list of live entries")
         moved = live[last]
+        if not 0 <= moved < self._max_entries:
+            raise _damaged("list of live entries")
         live[pos] = moved
         q[moved * ENTRY_WORDS + E.live_pos] = pos
         h[H.num_live] = last

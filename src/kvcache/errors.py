@@ -3,9 +3,17 @@
 Every error a user can cause derives from :class:`KVCacheError`, and its message
 says what to do next. Bad arguments are also :class:`ValueError` so that code
 written against the standard library's conventions keeps working.
+
+``reports_damage`` turns what damaged metadata makes Python raise deep inside
+a pool operation (an index out of range, an overflow) into a
+:class:`CorruptPoolError` at the API boundary, so no caller ever sees them.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 
 class KVCacheError(Exception):
@@ -82,3 +90,47 @@ class AddressSpaceError(KVCacheError, OSError):
 
 class DependencyError(KVCacheError, ImportError):
     """An optional dependency (torch, transformers) is missing or of an unsupported version."""
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+FOREIGN_ERRORS = (ArithmeticError, IndexError, ValueError)
+"""What Python raises on metadata out of range: an id past a table (IndexError), a
+clock past 2**63 (ValueError from a memoryview, OverflowError from a float), a key
+that is not UTF-8 (UnicodeDecodeError, a ValueError)."""
+
+
+def damaged(pool_name: str, detail: str) -> CorruptPoolError:
+    """The error for pool metadata found out of range (``detail``: what was found)."""
+    return CorruptPoolError(
+        f"pool '{pool_name}' has damaged metadata ({detail}): "
+        f"run cortex cache health {pool_name} --repair"
+    )
+
+
+def reports_damage(method: Method) -> Method:
+    """Make a pool method raise ``CorruptPoolError`` for what damaged metadata raises.
+
+    Foreign errors become one, and one from a layer that does not know the
+    pool (``codec``) gets its name and the advice to repair.
+
+    Catching at the boundary costs nothing until something is raised, where
+    checking every field on every call would slow every put and get. The
+    pool lock leaves the pool marked dirty when such an error passes it, so
+    the next holder rebuilds (see ``kvcache.lock``).
+    """
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except CorruptPoolError as exc:
+            if "--repair" in str(exc):
+                raise
+            # from a layer that cannot say what to do (codec: a stored array header)
+            raise damaged(self.name, str(exc)) from exc
+        except FOREIGN_ERRORS as exc:
+            if isinstance(exc, KVCacheError):  # InvalidArgument is a ValueError too
+                raise
+            raise damaged(self.name, f"{type(exc).__name__}: {exc}") from exc
+
+    return cast(Method, guarded)

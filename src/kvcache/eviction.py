@@ -25,7 +25,7 @@ import numpy as np
 from .allocator import PageAllocator
 from .config import PoolConfig
 from .entries import EntryTable
-from .errors import InvalidArgument, OutOfSharedMemoryError, PoolFullError
+from .errors import InvalidArgument, OutOfSharedMemoryError, PoolFullError, reports_damage
 from .layout import ENTRY_WORDS, READY, WRITING, E, H, Views
 from .lock import PoolLock
 from .policies import Policy, ScoreContext, choose_victims, rank_victims
@@ -101,6 +101,7 @@ class EvictionMixin:
     def _free_entry(self, eid: int) -> None:
         raise NotImplementedError  # Pool's
 
+    @reports_damage
     def evict(
         self, *, percent: float | None = None, bytes: str | int | None = None, expired: bool = False
     ) -> EvictionResult:

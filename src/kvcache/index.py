@@ -7,13 +7,22 @@ Deletion shifts later members of the cluster back instead of leaving
 tombstones, so lookups never slow down as entries churn.
 
 The hashes themselves live in the entry records; the index only orders ids.
+
+Every probe stops when it comes back to where it started: a damaged index
+with no empty slot would otherwise keep a lookup of a missing key circling
+forever, with the pool lock held. That is a ``CorruptPoolError``. (Comparing
+with the start costs nothing on a hit at the first slot, the usual case; a
+``for`` over ``range(index_slots)`` made every lookup 50 ns slower, measured.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .errors import CorruptPoolError
 from .layout import ENTRY_WORDS, E, Views
+
+_FULL = "the pool's key index has no empty slot (damaged): run cortex cache health --repair"
 
 
 class HashIndex:
@@ -28,7 +37,7 @@ class HashIndex:
     def find(self, hash_lo: int, hash_hi: int) -> int:
         """The id of the entry with this hash, or -1."""
         slots, q, mask = self._slots_q, self._entries_q, self._mask
-        slot = hash_lo & mask
+        slot = home = hash_lo & mask
         while True:
             value = slots[slot]
             if not value:
@@ -37,26 +46,34 @@ class HashIndex:
             if q[base + E.hash_lo] == hash_lo and q[base + E.hash_hi] == hash_hi:
                 return value - 1
             slot = (slot + 1) & mask
+            if slot == home:
+                raise CorruptPoolError(_FULL)
 
     def insert(self, eid: int, hash_lo: int) -> None:
         """Add ``eid`` (whose hash is not present yet)."""
         slots, mask = self._slots_q, self._mask
-        slot = hash_lo & mask
+        slot = home = hash_lo & mask
         while slots[slot]:
             slot = (slot + 1) & mask
+            if slot == home:
+                raise CorruptPoolError(_FULL)
         slots[slot] = eid + 1
 
     def remove(self, eid: int, hash_lo: int) -> None:
         """Remove ``eid``, shifting the rest of its cluster back (no tombstones)."""
         slots, q, mask = self._slots_q, self._entries_q, self._mask
-        hole = hash_lo & mask
+        hole = start = hash_lo & mask
         while slots[hole] != eid + 1:
             if not slots[hole]:
                 return
             hole = (hole + 1) & mask
-        probe = hole
+            if hole == start:
+                raise CorruptPoolError(_FULL)
+        probe = start = hole
         while True:
             probe = (probe + 1) & mask
+            if probe == start:
+                raise CorruptPoolError(_FULL)
             value = slots[probe]
             if not value:
                 break

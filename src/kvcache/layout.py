@@ -46,9 +46,10 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 3
-"""2: entries name their writer by process slot (not pid), carry a checksum and wall times.
-3: the header's ``retired`` word tells attached processes the pool was destroyed or replaced."""
+FORMAT_VERSION = 2
+"""2 (after 1, the first): entries name their writer by process slot (not pid) and carry
+a checksum over their flags, lengths and bytes, and wall-clock times; the header's
+``retired`` word tells attached processes the pool was destroyed or replaced."""
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
@@ -140,7 +141,13 @@ FREE, WRITING, READY = 0, 1, 2
 LIVE, DESTROYED, REPLACED = 0, 1, 2  # header "retired": set under the lock, never cleared
 KEY_IS_STR = 1  # entry flags
 VALUE_IS_ARRAY = 2
+KNOWN_FLAGS = KEY_IS_STR | VALUE_IS_ARRAY
 NO_PAGE = -1
+CLOCK_LIMIT = 1 << 62
+"""Logical clock values (and counters) stay below this: 2**62 ticks is 146 years at a
+billion puts a second, and the headroom keeps ``+ 1`` from overflowing a word."""
+PRIORITY_LIMIT = 1 << 62
+"""Priorities are below this in absolute value (what ``Pool.put`` accepts)."""
 
 ENTRY_WORDS = ENTRY_DTYPE.itemsize // 8
 

@@ -27,6 +27,7 @@ import numpy as np
 from . import transfer
 from .config import PoolConfig
 from .entries import EntryTable
+from .errors import reports_damage
 from .eviction import EVICT_BATCH
 from .keys import Key, encode_key
 from .layout import ENTRY_WORDS, E, H, Views
@@ -164,6 +165,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
     def pop(self, key: Key) -> Value: ...
     @overload
     def pop(self, key: Key, default: Default) -> Value | Default: ...
+    @reports_damage
     def pop(self, key: Key, default: object = _NO_DEFAULT) -> object:
         """Remove ``key`` and return its value; ``default`` on a miss, KeyError without one.
 
@@ -189,6 +191,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
             raise KeyError(key)
         return default
 
+    @reports_damage
     def popitem(self) -> tuple[Key, Value]:
         """Remove and return some (key, value) pair; KeyError when the pool is empty.
 
@@ -203,6 +206,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
             with contextlib.suppress(KeyError):  # gone meanwhile, or expired: take another
                 return key, self.pop(key)
 
+    @reports_damage
     def clear(self) -> int:  # type: ignore[override]  # also returns the count, as diskcache's
         """Remove every entry; return how many were removed.
 
@@ -225,6 +229,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
                         num_removed += 1
         return num_removed
 
+    @reports_damage
     def touch(self, key: Key, ttl: float | str | None = None) -> bool:
         """Give ``key`` a new expiry, keeping its value; return whether it was there.
 
@@ -249,6 +254,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
                 self._hd[H.next_expiry_at] = expires_at
             return True
 
+    @reports_damage
     def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
         """The keys of all live (unexpired) entries now, in no particular order."""
         with self._lock:
@@ -268,6 +274,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
         """The values of the keys live now, read one by one as ``items()`` reads them."""
         return ValuesView(self)
 
+    @reports_damage
     def ttl(self, key: Key) -> float | None:
         """Seconds until ``key`` expires, or None if it never does (no effect on stats).
 

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar, overload
+from typing import NamedTuple, TypeVar, overload
 
 import numpy as np
 
@@ -40,6 +40,8 @@ from .errors import (
     PoolDestroyedError,
     PoolFullError,
     ValueTooLargeError,
+    damaged,
+    reports_damage,
 )
 from .eviction import EvictionMixin, Growth
 from .index import HashIndex
@@ -48,6 +50,7 @@ from .layout import (
     DESTROYED,
     ENTRY_WORDS,
     KEY_IS_STR,
+    PRIORITY_LIMIT,
     READY,
     VALUE_IS_ARRAY,
     WRITING,
@@ -83,8 +86,19 @@ History = tuple[int, int, float]
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
-def _intact(views: list[memoryview], checksum_word: int) -> bool:
-    return transfer.checksum(views) == transfer.from_word(checksum_word)
+class _Summed(NamedTuple):
+    """What an entry's checksum covers, read under the lock, and the sum it was published with."""
+
+    views: list[memoryview]  # key | value header | payload
+    fields: tuple[int, int, int, int]  # flags, key_len, header_len, value_len
+    checksum_word: int
+
+    def computed(self) -> int:
+        """The checksum of what is there now."""
+        return transfer.checksum(self.views, *self.fields)
+
+    def intact(self) -> bool:
+        return self.computed() == transfer.from_word(self.checksum_word)
 
 
 class Pool(EvictionMixin, MappingMixin):
@@ -155,6 +169,7 @@ class Pool(EvictionMixin, MappingMixin):
 
     # ----------------------------------------------------------------- writes
 
+    @reports_damage
     def put(
         self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None
     ) -> None:
@@ -179,7 +194,11 @@ class Pool(EvictionMixin, MappingMixin):
         key_bytes, flags = encode_key(key)
         encoded = codec.encode(value, self._num_pages * self._page_size - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**62:
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or abs(priority) >= PRIORITY_LIMIT
+        ):
             raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
         ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
         expires_at = self._clock() + ttl_s if ttl_s else math.inf
@@ -191,9 +210,12 @@ class Pool(EvictionMixin, MappingMixin):
                 f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
             )
         pieces = (key_bytes, encoded.header, encoded.payload)
+        flags |= VALUE_IS_ARRAY if encoded.is_array else 0
         # Summed from the caller's bytes before the lock is taken, so no lock hold
         # grows by it; the pages then hold exactly these bytes.
-        checksum = transfer.checksum([key_bytes, encoded.header, encoded.payload])
+        checksum = transfer.checksum(
+            pieces, flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes
+        )
 
         def fill(targets: list[memoryview]) -> int:
             transfer.scatter(targets, pieces)
@@ -201,7 +223,7 @@ class Pool(EvictionMixin, MappingMixin):
 
         self._store(
             key_bytes,
-            flags | (VALUE_IS_ARRAY if encoded.is_array else 0),
+            flags,
             len(encoded.header),
             encoded.payload.nbytes,
             priority,
@@ -213,6 +235,7 @@ class Pool(EvictionMixin, MappingMixin):
     def __setitem__(self, key: Key, value: Value) -> None:
         self.put(key, value)
 
+    @reports_damage
     def delete(self, key: Key) -> bool:
         """Remove ``key``; return whether it was there."""
         key_bytes, _ = encode_key(key)
@@ -233,11 +256,13 @@ class Pool(EvictionMixin, MappingMixin):
     def get(self, key: Key) -> Value | None: ...
     @overload
     def get(self, key: Key, default: Default) -> Value | Default: ...
+    @reports_damage
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
         value = self._read(key, transfer.materialise)
         return default if value is None else value
 
+    @reports_damage
     def get_into(self, key: Key, buffer: object) -> int | None:
         """Copy the value's bytes into ``buffer`` (any writable buffer); None on a miss.
 
@@ -273,6 +298,7 @@ class Pool(EvictionMixin, MappingMixin):
             raise KeyError(key)
         return value
 
+    @reports_damage
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` has a live value (no effect on stats or recency)."""
         if not isinstance(key, (str, bytes)):
@@ -282,10 +308,15 @@ class Pool(EvictionMixin, MappingMixin):
             eid = self._find(key_bytes)
             return eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
 
+    @reports_damage
     def __len__(self) -> int:
         with self._lock:
-            return self._hq[H.num_live]
+            num_live = self._hq[H.num_live]
+        if not 0 <= num_live <= self.config.max_entries:  # len() would raise a ValueError
+            raise damaged(self.name, f"live entry count {num_live}")
+        return num_live
 
+    @reports_damage
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
         """Live entries with their metadata, first the ones ``sort`` puts first.
 
@@ -317,6 +348,7 @@ class Pool(EvictionMixin, MappingMixin):
     def __iter__(self) -> Iterator[Key]:
         return iter(self.keys())
 
+    @reports_damage
     def stats(self) -> PoolStats:
         """Occupancy and counters as every attached process sees them."""
         with self._lock:
@@ -350,6 +382,7 @@ class Pool(EvictionMixin, MappingMixin):
             **counters,
         )
 
+    @reports_damage
     def check(self, repair: bool = False) -> list[str]:
         """Recount every invariant and every entry's checksum; return what is wrong.
 
@@ -382,9 +415,8 @@ class Pool(EvictionMixin, MappingMixin):
         with self._lock:
             if self._eq[base + E.state] != READY:
                 return None  # gone since the ids were read
-            generation, expected = self._eq[base + E.generation], self._eq[base + E.checksum]
-            views = self._entry_slices(eid)
-        if _intact(views, expected):
+            generation, summed = self._eq[base + E.generation], self._summed(eid)
+        if summed.intact():
             return None
         with self._lock:
             if self._eq[base + E.generation] != generation:
@@ -394,6 +426,7 @@ class Pool(EvictionMixin, MappingMixin):
                 self._drop_damaged(eid)
             return key
 
+    @reports_damage
     def persist(
         self,
         path: str | os.PathLike[str] | None = None,
@@ -509,15 +542,14 @@ class Pool(EvictionMixin, MappingMixin):
                 if eid < 0:
                     return None
                 header, payload, generation = self._value_views(eid)
-                checked = self._entry_slices(eid) if self.verify_reads else None
-                expected = self._eq[eid * ENTRY_WORDS + E.checksum]
+                checked = self._summed(eid) if self.verify_reads else None
                 if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
-                    if checked is not None and not _intact(checked, expected):
+                    if checked is not None and not checked.intact():
                         self._drop_damaged(eid)
                         return None
                     return copy(header, payload)
             copied = copy(header, payload)
-            intact = checked is None or _intact(checked, expected)
+            intact = checked is None or checked.intact()
             with self._lock:
                 if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                     if intact:
@@ -610,8 +642,14 @@ class Pool(EvictionMixin, MappingMixin):
         return self._eq[base + E.generation] == generation and self._eq[base + E.state] == READY
 
     def _key_of(self, eid: int) -> Key:
+        """The key of entry ``eid`` as it was given (for listings: checked, unlike lookups)."""
+        base = eid * ENTRY_WORDS
+        if not 0 <= self._eq[base + E.first_page] < self._num_pages:
+            raise damaged(self.name, f"entry {eid}'s first page is outside the pool")
         key = bytes(self._key_view(eid))
-        return key.decode("utf-8") if self._eq[eid * ENTRY_WORDS + E.flags] & KEY_IS_STR else key
+        if not 0 < len(key) == self._eq[base + E.key_len]:
+            raise damaged(self.name, f"entry {eid}'s key length is out of range")
+        return key.decode("utf-8") if self._eq[base + E.flags] & KEY_IS_STR else key
 
     def _key_view(self, eid: int) -> memoryview:
         base = eid * ENTRY_WORDS
@@ -656,6 +694,16 @@ class Pool(EvictionMixin, MappingMixin):
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
 
+    def _summed(self, eid: int) -> _Summed:
+        q, base = self._eq, eid * ENTRY_WORDS
+        fields = (
+            q[base + E.flags],
+            q[base + E.key_len],
+            q[base + E.header_len],
+            q[base + E.value_len],
+        )
+        return _Summed(self._entry_slices(eid), fields, q[base + E.checksum])
+
     def _entry_slices(self, eid: int) -> list[memoryview]:
         """Views of all of an entry's bytes (key | value header | payload)."""
         q, base = self._eq, eid * ENTRY_WORDS
@@ -696,7 +744,13 @@ class Pool(EvictionMixin, MappingMixin):
                 f"of pool '{self.name}' were taken, so it may read but not write: "
                 f"kvcache.open('{self.name}') again once others have closed it"
             )
-        self._make_room(num_pages)
+        try:
+            self._make_room(num_pages)
+        except PoolFullError:
+            if (self._views.entries["state"] == WRITING).any():
+                raise
+            # Nothing left to evict and no one writing: the free counts are wrong.
+            raise damaged(self.name, "no room, yet no entry is left to evict") from None
         try:
             first, last = self._allocator.allocate(num_pages)
         except OutOfSharedMemoryError:
@@ -796,7 +850,9 @@ class Pool(EvictionMixin, MappingMixin):
             self._hq[H.clock] = clock
 
     def _recovery_parts(self) -> recovery.Parts:
-        return recovery.Parts(self._views, self._allocator, self._entries, self._index, self._procs)
+        return recovery.Parts(
+            self._views, self._allocator, self._entries, self._index, self._procs, self.config
+        )
 
     def _repair_after_crash(self) -> None:
         recovery.rebuild(self._recovery_parts())

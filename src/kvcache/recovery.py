@@ -5,9 +5,14 @@ and counters are all derivable from it. ``find_problems`` recomputes them
 without trusting anything and reports every disagreement; ``rebuild``
 replaces them. Entries are dropped when they were half-written by a process
 that died, when their page chain leaves the pool or overlaps another entry's,
-or when a newer entry has the same key (a crash between the two halves of a
-replace). The pool's lock calls ``rebuild`` when it finds that a previous
-holder died mid-mutation; ``Pool.check`` and ``cortex cache health`` call both.
+when a newer entry has the same key (a crash between the two halves of a
+replace), or when a field that decides how their bytes are read is out of
+range (see ``kvcache.ranges``); out-of-range policy metadata (a last access
+beyond the clock, a use count that is not a number) is mended instead, and so
+are header words that every later put or get would trip over (a clock or
+counter about to overflow, a fresh-page watermark past the pool). The pool's
+lock calls ``rebuild`` when it finds that a previous holder died mid-mutation;
+``Pool.check`` and ``cortex cache health`` call both.
 
 Cost: one Python step per live page, so a repair of a large pool takes
 seconds; it only runs after a crash or on request.
@@ -17,27 +22,60 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+import mmap
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .allocator import PageAllocator
+from . import ranges
+from .allocator import PageAllocator, Run
+from .config import MAX_KEY_BYTES, PoolConfig
 from .entries import EntryTable
 from .errors import CorruptPoolError
 from .index import HashIndex
-from .layout import ENTRY_WORDS, NO_PAGE, READY, WRITING, E, H, Views
+from .keys import key_hash
+from .layout import (
+    CLOCK_LIMIT,
+    ENTRY_WORDS,
+    FREE,
+    HEADER_BYTES,
+    HEADER_DTYPE,
+    KEY_IS_STR,
+    NO_PAGE,
+    READY,
+    WRITING,
+    E,
+    Geometry,
+    H,
+    Views,
+    write_header,
+)
 from .procs import ProcessTable
+from .ranges import MAX_VALUE_HEADER_BYTES
+
+COUNTERS = ("hits", "misses", "puts", "evictions", "expirations", "repairs", "damaged")
+FIXED_HEADER_FIELDS = (
+    "magic",
+    "format_version",
+    *Geometry.__dataclass_fields__,
+    "policy",
+    "default_ttl_s",
+    "eviction_samples",
+    "lfu_half_life",
+)
+"""Header fields set at create and never changed: a later open validates them."""
 
 
 @dataclass(frozen=True)
 class Parts:
-    """The structures recovery reads and rebuilds."""
+    """What recovery reads and rebuilds; ``config``, as opened, mends a damaged header."""
 
     views: Views
     allocator: PageAllocator
     entries: EntryTable
     index: HashIndex
     procs: ProcessTable
+    config: PoolConfig
 
 
 @dataclass
@@ -46,72 +84,201 @@ class _Survey:
     owned: np.ndarray  # per page: held by a kept entry
     ready: list[int]  # kept READY ids
     problems: list[str]
+    clock: int  # the logical clock, mended if it was out of range
+    mends: list[tuple[int, str, int | float]] = field(default_factory=list)  # (id, field, value)
+    header: dict[str, int] = field(default_factory=dict)  # header words to set
+    fixed: list[str] = field(default_factory=list)  # FIXED_HEADER_FIELDS to write back
+    fresh_pages: int = 0  # the fresh-page watermark, mended if out of range
+
+    def mend(self, eid: int, name: str, value: int | float, why: str) -> None:
+        self.problems.append(f"entry {eid}: {why} (repair mends it)")
+        self.mends.append((eid, name, value))
 
 
 def _survey(parts: Parts) -> _Survey:
-    """Decide which entries are sound, trusting nothing but the records."""
+    """Decide which entries are sound and what to mend, trusting nothing but the records."""
     v, g = parts.views, parts.views.geometry
-    h, q = v.header_q, v.entries_q
-    survey = _Survey(np.zeros(g.max_entries, bool), np.zeros(g.num_pages, bool), [], [])
-    used = h[H.next_fresh_entry]
+    problems: list[str] = []
+    used = v.header_q[H.next_fresh_entry]
     if not 0 <= used <= g.max_entries:
-        survey.problems.append(f"entry watermark {used} is outside the table")
+        problems.append(f"entry watermark {used} is outside the table")
         used = g.max_entries  # rebuild() writes it back; a check only reports
     states = v.entries["state"][:used]
-    candidates = np.flatnonzero((states == READY) | (states == WRITING)).tolist()
-    newest: dict[tuple[int, int], int] = {}
-    for eid in candidates:
-        base = eid * ENTRY_WORDS
-        if q[base + E.state] == READY:
-            key = (q[base + E.hash_lo], q[base + E.hash_hi])
-            other = newest.get(key)
-            if other is None or q[other * ENTRY_WORDS + E.created] < q[base + E.created]:
-                newest[key] = eid
-    winners = set(newest.values())
-    for eid in candidates:
-        problem = _entry_problem(parts, eid, eid in winners, survey.owned)
+    candidates = np.flatnonzero((states == READY) | (states == WRITING))
+    for eid in np.flatnonzero((states != FREE) & (states != READY) & (states != WRITING)).tolist():
+        problems.append(f"entry {eid}: unknown state {states[eid]}")
+    clock = _clock(parts, candidates)  # reported with the other header words
+    survey = _Survey(
+        np.zeros(g.max_entries, bool), np.zeros(g.num_pages, bool), [], problems, clock
+    )
+    _survey_generations(v, survey)
+    runs: dict[int, list[Run]] = {}
+    hashes: dict[int, tuple[int, int]] = {}
+    for eid in candidates.tolist():
+        problem = _structure_problem(parts, eid, runs, hashes)
         if problem:
-            survey.problems.append(f"entry {eid}: {problem}")
+            problems.append(f"entry {eid}: {problem}")
+    _survey_metadata(v, runs, hashes, survey)
+    winners = _newest_per_key(v, [eid for eid in hashes if eid in runs])
+    for eid, chain in runs.items():
+        problem = _sharing_problem(v, eid, chain, eid in winners, survey.owned)
+        if not problem and eid in hashes and hashes[eid] != _stored_hash(v, eid):
+            problem = "its key hash does not match its key"  # either may be the damaged one
+        if problem:
+            problems.append(f"entry {eid}: {problem}")
             continue
+        for start, count in chain:
+            survey.owned[start : start + count] = True
         survey.keep[eid] = True
-        if q[eid * ENTRY_WORDS + E.state] == READY:
+        if eid in hashes:
             survey.ready.append(eid)
+    _survey_header(parts, survey)
     return survey
 
 
-def _entry_problem(parts: Parts, eid: int, newest: bool, owned: np.ndarray) -> str | None:
-    """Why entry ``eid`` must go, or None; marks its pages owned if it stays."""
+def _clock(parts: Parts, candidates: np.ndarray) -> int:
+    """The logical clock or, if it is out of range, the latest in-range clock value of an entry."""
+    clock = parts.views.header_q[H.clock]
+    if 0 <= clock < CLOCK_LIMIT:
+        return clock
+    records = parts.views.entries[candidates]
+    values = np.concatenate([records["last_access"], records["created"]])
+    return int(values[(values >= 0) & (values < CLOCK_LIMIT)].max(initial=0))
+
+
+def _survey_generations(v: Views, survey: _Survey) -> None:
+    """Generations that their next bump would overflow restart (every slot: fresh ones too)."""
+    generations = v.entries["generation"]
+    for eid in np.flatnonzero((generations < 0) | (generations >= CLOCK_LIMIT)).tolist():
+        survey.mend(eid, "generation", 0, f"generation {generations[eid]} is out of range")
+
+
+def _structure_problem(
+    parts: Parts, eid: int, runs: dict[int, list[Run]], hashes: dict[int, tuple[int, int]]
+) -> str | None:
+    """Why entry ``eid``'s pages cannot be read, or None.
+
+    If they can, sets ``runs[eid]`` (its page chain) and, for a READY entry,
+    ``hashes[eid]``: the hash of the key that its pages hold.
+    """
     q, base = parts.views.entries_q, eid * ENTRY_WORDS
     page_size = parts.views.geometry.page_size_bytes
     if q[base + E.state] == WRITING:
         slot = q[base + E.owner_slot]
         if not parts.procs.is_live(slot, q[base + E.owner_serial]):
             return f"half-written by process {parts.procs.pid_of(slot)}, which died"
-    elif not newest:
-        return "an older duplicate of a key stored again"
     lengths = (q[base + E.key_len], q[base + E.header_len], q[base + E.value_len])
     num_pages = q[base + E.num_pages]
     if (
-        min(lengths) < 0
-        or lengths[0] < 1
+        not 1 <= lengths[0] <= MAX_KEY_BYTES
+        or not 0 <= lengths[1] <= MAX_VALUE_HEADER_BYTES
+        or lengths[2] < 0
         or num_pages != max(1, math.ceil(sum(lengths) / page_size))
     ):
         return f"lengths {lengths} do not match its {num_pages} pages"
     try:
-        runs = parts.allocator.runs(q[base + E.first_page], num_pages)
+        chain = parts.allocator.runs(q[base + E.first_page], num_pages)
     except CorruptPoolError:
         return "its page chain leaves the pool"
-    last_start, last_count = runs[-1]
+    last_start, last_count = chain[-1]
     if last_start + last_count - 1 != q[base + E.last_page]:
         return "its page chain does not end at its last page"
-    ordered = sorted(runs)
-    if any(s1 + c1 > s2 for (s1, c1), (s2, _) in itertools.pairwise(ordered)):
+    if any(s1 + c1 > s2 for (s1, c1), (s2, _) in itertools.pairwise(sorted(chain))):
         return "its page chain visits a page twice"
-    if any(owned[start : start + count].any() for start, count in runs):
-        return "its pages are also another entry's"
-    for start, count in runs:
-        owned[start : start + count] = True
+    if q[base + E.state] == READY:  # a WRITING entry's bytes may still be on their way
+        start = chain[0][0] * page_size  # a key always fits in its first page
+        key = bytes(parts.views.data[start : start + lengths[0]])
+        if q[base + E.flags] & KEY_IS_STR:
+            try:
+                key.decode("utf-8")
+            except UnicodeDecodeError:
+                return "its text key is not UTF-8"
+        hashes[eid] = key_hash(key)
+    runs[eid] = chain
     return None
+
+
+def _survey_metadata(
+    v: Views, runs: dict[int, list[Run]], hashes: dict[int, tuple[int, int]], survey: _Survey
+) -> None:
+    """Range-check the READY entries: mend policy metadata, drop (from ``runs``) the others."""
+    ids = np.fromiter(hashes, np.int64, len(hashes))
+    records = v.entries[ids]
+    for fault in ranges.entry_faults(records, survey.clock):
+        bad = zip(ids[fault.bad].tolist(), records[fault.field][fault.bad].tolist(), strict=True)
+        for eid, value in bad:
+            if fault.field in ranges.MENDS:
+                value = ranges.mended(fault.field, value, survey.clock)
+                survey.mend(eid, fault.field, value, fault.why)
+            elif eid in runs:
+                survey.problems.append(f"entry {eid}: {fault.why}")
+                del runs[eid]
+
+
+def _stored_hash(v: Views, eid: int) -> tuple[int, int]:
+    base = eid * ENTRY_WORDS
+    return v.entries_q[base + E.hash_lo], v.entries_q[base + E.hash_hi]
+
+
+def _newest_per_key(v: Views, ready: list[int]) -> set[int]:
+    """Of these READY entries, the newest for each key hash they are filed under."""
+    q = v.entries_q
+    newest: dict[tuple[int, int], int] = {}
+    for eid in ready:
+        key = _stored_hash(v, eid)
+        other = newest.get(key)
+        if other is None or q[other * ENTRY_WORDS + E.created] < q[eid * ENTRY_WORDS + E.created]:
+            newest[key] = eid
+    return set(newest.values())
+
+
+def _sharing_problem(
+    v: Views, eid: int, chain: list[Run], newest: bool, owned: np.ndarray
+) -> str | None:
+    """Why entry ``eid`` gives way to another (a newer one of its key, an earlier owner
+    of its pages), or None."""
+    if v.entries_q[eid * ENTRY_WORDS + E.state] == READY and not newest:
+        return "an older duplicate of a key stored again"
+    if any(owned[start : start + count].any() for start, count in chain):
+        return "its pages are also another entry's"
+    return None
+
+
+def _survey_header(parts: Parts, survey: _Survey) -> None:
+    """Header words that later puts and gets would trip over, and what to set them to."""
+    g, h = parts.views.geometry, parts.views.header_q
+    owned = np.flatnonzero(survey.owned)
+    lowest = int(owned[-1]) + 1 if owned.size else 0  # pages at and above were never handed out
+    fresh = h[H.next_fresh_page]
+    if not lowest <= fresh <= g.num_pages:
+        fresh = min(g.num_pages, max(fresh, lowest))
+    survey.fresh_pages = fresh
+    wanted = {"clock": survey.clock, "next_fresh_page": fresh}
+    for name in COUNTERS:
+        wanted[name] = h[getattr(H, name)] if 0 <= h[getattr(H, name)] < CLOCK_LIMIT else 0
+    sweep, reserved = h[H.next_sweep_puts], h[H.reserved_pages]
+    wanted["next_sweep_puts"] = sweep if 0 <= sweep <= wanted["puts"] + g.max_entries else 0
+    wanted["reserved_pages"] = reserved if fresh <= reserved <= g.num_pages else fresh
+    for name, value in wanted.items():
+        if h[getattr(H, name)] != value:
+            survey.problems.append(
+                f"header {name} {h[getattr(H, name)]} is out of range (repair sets {value})"
+            )
+            survey.header[name] = value
+    expected = _new_header(parts)
+    for name in FIXED_HEADER_FIELDS:
+        if parts.views.header[name].tobytes() != expected[name].tobytes():
+            survey.problems.append(
+                f"header {name} is damaged (repair writes back this process's copy)"
+            )
+            survey.fixed.append(name)
+
+
+def _new_header(parts: Parts) -> np.ndarray:
+    """The header that creating this pool writes: what its fixed fields must hold."""
+    image = mmap.mmap(-1, HEADER_BYTES)
+    write_header(image, parts.config, parts.views.geometry, 0.0, 0)
+    return np.ndarray((), HEADER_DTYPE, buffer=image)
 
 
 def find_problems(parts: Parts) -> list[str]:
@@ -130,7 +297,7 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
         problems.append(
             f"used pages counter is {h[H.used_pages]}, entries hold {int(survey.owned.sum())}"
         )
-    expected_free = set(np.flatnonzero(~survey.owned[: h[H.next_fresh_page]]).tolist())
+    expected_free = set(np.flatnonzero(~survey.owned[: survey.fresh_pages]).tolist())
     free = _walk_free_list(v, len(expected_free))
     if free != expected_free:
         problems.append(
@@ -141,14 +308,7 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
         problems.append(
             f"free pages counter is {h[H.num_free_pages]}, {len(expected_free)} expected"
         )
-    if set(parts.index.indexed_ids()) != ready or any(
-        parts.index.find(
-            v.entries_q[e * ENTRY_WORDS + E.hash_lo], v.entries_q[e * ENTRY_WORDS + E.hash_hi]
-        )
-        != e
-        for e in ready
-    ):
-        problems.append("key index does not match the ready entries")
+    problems += _index_problems(parts, survey.ready)
     num_live = h[H.num_live]
     live = v.live[: max(0, min(num_live, v.geometry.max_entries))]
     if (
@@ -163,7 +323,33 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
     unused = set(np.flatnonzero(~survey.keep[:used]).tolist())
     if _walk_free_entries(v, len(unused)) != unused:
         problems.append(f"free entry chain does not match the {len(unused)} unused entry slots")
+    bound = v.header_d[H.next_expiry_at]
+    if not bound <= _earliest_expiry(v, survey.ready):  # not <=: NaN fails too
+        problems.append(f"next expiry bound {bound} is later than an entry's expiry")
     return problems, survey.ready
+
+
+def _index_problems(parts: Parts, ready: list[int]) -> list[str]:
+    """How the key index fails to hold each READY entry exactly once, findable by its hash."""
+    indexed = parts.index.indexed_ids()
+    if len(indexed) == parts.views.geometry.index_slots:
+        return ["key index has no empty slot (a lookup of a missing key would never end)"]
+    q = parts.views.entries_q
+    # Counts and sets first: once they agree every slot holds a sound id, so a probe ends.
+    if (
+        len(indexed) != len(ready)
+        or set(indexed) != set(ready)
+        or any(
+            parts.index.find(q[e * ENTRY_WORDS + E.hash_lo], q[e * ENTRY_WORDS + E.hash_hi]) != e
+            for e in ready
+        )
+    ):
+        return ["key index does not match the ready entries"]
+    return []
+
+
+def _earliest_expiry(v: Views, ready: list[int]) -> float:
+    return float(v.entries["expires_at"][ready].min(initial=math.inf))
 
 
 def _walk_free_list(v: Views, expected: int) -> set[int]:
@@ -191,13 +377,19 @@ def _walk_free_entries(v: Views, expected: int) -> set[int]:
 
 
 def rebuild(parts: Parts) -> None:
-    """Rebuild free list, index, live list and counters from the sound entries."""
+    """Mend what is out of range, then rebuild free list, index, live list and counters."""
     survey = _survey(parts)
     v, h = parts.views, parts.views.header_q
+    for eid, name, value in survey.mends:
+        v.entries[name][eid] = value
+    for name, word in survey.header.items():
+        h[getattr(H, name)] = word
+    new = _new_header(parts)
+    for name in survey.fixed:
+        v.header[name] = new[name]
     if not 0 <= h[H.next_fresh_entry] <= v.geometry.max_entries:
         h[H.next_fresh_entry] = v.geometry.max_entries
     parts.entries.rebuild(survey.keep)
     parts.allocator.rebuild(survey.owned)
     parts.index.rebuild(survey.ready)
-    expiries = v.entries["expires_at"][survey.ready]
-    v.header_d[H.next_expiry_at] = float(expiries.min()) if expiries.size else math.inf
+    v.header_d[H.next_expiry_at] = _earliest_expiry(v, survey.ready)

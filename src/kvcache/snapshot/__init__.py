@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import memory, owners, segment, transfer
+from .. import memory, owners, segment
 from ..config import PoolConfig
 from ..errors import (
     CorruptPoolError,
@@ -48,8 +48,12 @@ from .format import (
     HEADER_BYTES,
     RECORD_DTYPE,
     check_records,
+    content_problem,
     decode_header,
     encode_header,
+    entry_checksum,
+    pool_checksum,
+    record_problems,
 )
 
 _RECORD_FIELDS_FROM_ENTRY = (
@@ -282,9 +286,14 @@ def restore_with_report(
         if size is not None:
             config = replace_size(config, parse_size(size, what="pool size"))
         records = reader.records
+        snapshot_clock = int(reader.header["clock"])
+        bad = record_problems(records, snapshot_clock)
+        nonsense = [_skipped(reader, index, why) for index, why in bad.items()]
+        sound = np.ones(len(records), bool)
+        sound[list(bad)] = False
         now = clock()
-        alive = np.flatnonzero(records["expires_at"] > now)
-        keep = _choose_survivors(records[alive], config, int(reader.header["clock"]), now)
+        alive = np.flatnonzero(sound & (records["expires_at"] > now))
+        keep = _choose_survivors(records[alive], config, snapshot_clock, now)
         chosen = alive[keep]
         chosen = chosen[np.argsort(records["offset"][chosen], kind="stable")]  # read sequentially
         # Fail now rather than after filling most of the pool; each reservation
@@ -301,9 +310,9 @@ def restore_with_report(
         try:
             skipped = _load(reader, builder, records, chosen, progress)
             # Restoring ticked the clock once per entry; policies measure age
-            # against it (LFU decays by it), so set it back to the snapshot's.
-            last_access = records["last_access"][chosen]
-            builder._set_clock(max(int(reader.header["clock"]), int(last_access.max(initial=0))))
+            # against it (LFU decays by it), so set it back to the snapshot's
+            # (which every restored entry's clock values are within).
+            builder._set_clock(snapshot_clock)
             _publish(seg, replace=replace, force=force, **trust)
         except BaseException:
             seg.path.unlink(missing_ok=True)
@@ -312,9 +321,9 @@ def restore_with_report(
             builder.close()
     report = RestoreReport(
         num_restored=len(chosen) - len(skipped),
-        num_expired=len(records) - len(alive),
+        num_expired=int(sound.sum()) - len(alive),
         num_dropped=len(alive) - len(chosen),
-        skipped=skipped,
+        skipped=nonsense + skipped,
     )
     return open_pool(name, clock=clock), report
 
@@ -383,38 +392,52 @@ def _load(
     lengths = records["key_len"] + records["header_len"] + records["value_len"]
     total, done = int(lengths[chosen].sum()), 0
     for index in chosen.tolist():
-        record = records[index]
-        start = HEADER_BYTES + int(record["offset"])
-        key = os.pread(reader.fd, int(record["key_len"]), start)
-
-        def fill(
-            views: list[memoryview], start: int = start, expected: int = int(record["checksum"])
-        ) -> int | None:
-            if not files.read_exactly(reader.fd, views, start):
-                return None
-            checksum = transfer.checksum(views)
-            return checksum if checksum == expected else None
-
-        history = (int(record["created"]), int(record["last_access"]), float(record["freq"]))
-        restored = pool._store(
-            key,
-            int(record["flags"]),
-            int(record["header_len"]),
-            int(record["value_len"]),
-            int(record["priority"]),
-            float(record["expires_at"]),
-            fill,
-            history=history,
-            evict_within_reserved=False,  # run short of memory: fail, never drop what was read
-        )
-        if not restored:
-            skipped.append(
-                f"entry {index} (key {key[:40]!r}): damaged (checksum mismatch), left out"
-            )
+        problem = _load_entry(reader, pool, records[index])
+        if problem:
+            skipped.append(_skipped(reader, index, problem))
         done += int(lengths[index])
         if progress:
             progress(done, total)
     return skipped
+
+
+def _load_entry(reader: _Reader, pool: Pool, record: np.void) -> str | None:
+    """Copy one entry from the file into ``pool``; None if it was, else why it was left out."""
+    start = HEADER_BYTES + int(record["offset"])
+    key_len = int(record["key_len"])
+    head = os.pread(reader.fd, key_len + int(record["header_len"]), start)
+    problem = content_problem(record, head[:key_len], head[key_len:])
+    if problem:
+        return problem
+    version = int(reader.header["format_version"])
+
+    def fill(views: list[memoryview]) -> int | None:
+        if not files.read_exactly(reader.fd, views, start):
+            return None
+        if entry_checksum(version, record, views) != int(record["checksum"]):
+            return None
+        # A version-1 sum covers the bytes only: the pool keeps today's kind.
+        return pool_checksum(record, views) if version == 1 else int(record["checksum"])
+
+    restored = pool._store(
+        head[:key_len],
+        int(record["flags"]),
+        int(record["header_len"]),
+        int(record["value_len"]),
+        int(record["priority"]),
+        float(record["expires_at"]),
+        fill,
+        history=(int(record["created"]), int(record["last_access"]), float(record["freq"])),
+        evict_within_reserved=False,  # run short of memory: fail, never drop what was read
+    )
+    return None if restored else "damaged (checksum mismatch)"
+
+
+def _skipped(reader: _Reader, index: int, why: str) -> str:
+    """The report line for record ``index``, left out because of ``why``."""
+    record = reader.records[index]
+    key = os.pread(reader.fd, min(40, int(record["key_len"])), HEADER_BYTES + int(record["offset"]))
+    return f"entry {index} (key {key!r}): {why}, left out"
 
 
 class _Reader:

@@ -1,4 +1,4 @@
-"""The snapshot file format (version 1), and validation of everything read back.
+"""The snapshot file format (version 2), and validation of everything read back.
 
 All integers are little-endian; the full description is in ``docs/snapshot-format.md``::
 
@@ -19,21 +19,35 @@ the records, so any damage to either is caught before a byte of data is
 trusted; each entry's bytes carry their own checksum, so a damaged entry is
 skipped alone. The records come last so the writer can stream data without
 knowing in advance which entries will still be live when it reaches them.
+
+Checksums prove that bytes are the ones written, not that what was written
+makes sense: a file edited and then resealed passes them. So every field is
+also checked for its meaning (a clock within range, frequencies finite,
+lengths that agree with the flags, text keys that are UTF-8): a bad header
+is a ``SnapshotError``, a bad record is skipped and reported.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 import xxhash
 
+from .. import codec, transfer
 from ..config import MAX_KEY_BYTES, PoolConfig
-from ..errors import InvalidArgument, SnapshotError
+from ..errors import CorruptPoolError, InvalidArgument, SnapshotError
+from ..layout import CLOCK_LIMIT, KEY_IS_STR, KNOWN_FLAGS
+from ..ranges import MAX_VALUE_HEADER_BYTES, entry_faults
 
 MAGIC = b"KVSNAP\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: an entry's checksum also covers its flags and lengths (``transfer.checksum``)."""
+READ_VERSIONS = (1, 2)
+"""Version 1 (an entry's checksum covers its bytes only) differs in nothing else: still read."""
 HEADER_BYTES = 512
 MAX_NAME_BYTES = 128
-MAX_VALUE_HEADER_BYTES = 2 + 255 + 8 * 32  # see kvcache.codec
 
 HEADER_DTYPE = np.dtype(
     [
@@ -78,7 +92,6 @@ RECORD_DTYPE = np.dtype(
         ("checksum", "<u8"),  # xxh3-64 of key | value header | payload
     ]
 )
-KNOWN_FLAGS = 0b11  # KEY_IS_STR | VALUE_IS_ARRAY
 
 
 def encode_header(
@@ -145,10 +158,10 @@ def decode_header(raw: bytes, file_bytes: int, where: str) -> tuple[np.ndarray, 
     if header["magic"] != MAGIC:
         raise SnapshotError(f"{where} is not a kvcache snapshot: check the path")
     version = int(header["format_version"])
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise SnapshotError(
-            f"{where} is snapshot format version {version}; this kvcache reads version "
-            f"{FORMAT_VERSION}: restore it with the kvcache that wrote it"
+            f"{where} is snapshot format version {version}; this kvcache reads versions "
+            f"{' and '.join(map(str, READ_VERSIONS))}: restore it with the kvcache that wrote it"
         )
     num_records, data_bytes = int(header["num_records"]), int(header["data_bytes"])
     if (
@@ -168,7 +181,22 @@ def decode_header(raw: bytes, file_bytes: int, where: str) -> tuple[np.ndarray, 
         raise SnapshotError(
             f"{where} has a damaged pool configuration ({exc}): take a new snapshot"
         ) from exc
+    problem = _header_problem(header)
+    if problem:
+        raise SnapshotError(f"{where} has a damaged header ({problem}): take a new snapshot")
     return header, config
+
+
+def _header_problem(header: np.void) -> str | None:
+    """What is meaningless in a header whose identity and sizes are right, or None."""
+    clock, mode = int(header["clock"]), int(header["mode"])
+    if not 0 <= clock < CLOCK_LIMIT:
+        return f"logical clock {clock} is out of range"
+    if not math.isfinite(float(header["created_at"])):
+        return "its creation time is not a number"
+    if not 0 <= mode <= 0o777:
+        return f"mode {mode:#o} is not permission bits"
+    return None
 
 
 def check_records(
@@ -212,3 +240,52 @@ def check_records(
     ):
         raise SnapshotError(f"{where} has entries that point outside its data: take a new snapshot")
     return records
+
+
+def record_problems(records: np.ndarray, clock: int) -> dict[int, str]:
+    """Records whose metadata is out of range (index -> why): skipped, not restored.
+
+    A restored entry's metadata feeds the policies and every later put and
+    get (see ``kvcache.ranges``), so a resealed edit must not bring it in.
+    """
+    problems: dict[int, str] = {}
+    for fault in entry_faults(records, clock):
+        for index in np.flatnonzero(fault.bad).tolist():
+            problems.setdefault(index, fault.why)
+    return problems
+
+
+def content_problem(record: np.void, key: bytes, value_header: bytes) -> str | None:
+    """Why an entry's key or value header (read from the file) cannot be restored, or None."""
+    if int(record["flags"]) & KEY_IS_STR:
+        try:
+            key.decode("utf-8")
+        except UnicodeDecodeError:
+            return "its text key is not UTF-8"
+    if value_header:
+        try:
+            codec.new_array(value_header, int(record["value_len"]))
+        except CorruptPoolError as exc:
+            return str(exc)
+    return None
+
+
+def entry_checksum(version: int, record: np.void, views: Sequence[bytes | memoryview]) -> int:
+    """The checksum that a snapshot of format ``version`` records for an entry's bytes."""
+    if version == 1:  # the bytes only
+        digest = xxhash.xxh3_64()
+        for view in views:
+            digest.update(view)
+        return digest.intdigest()
+    return pool_checksum(record, views)
+
+
+def pool_checksum(record: np.void, views: Sequence[bytes | memoryview]) -> int:
+    """The checksum a pool keeps for the entry ``record`` describes (version 2's)."""
+    return transfer.checksum(
+        views,
+        int(record["flags"]),
+        int(record["key_len"]),
+        int(record["header_len"]),
+        int(record["value_len"]),
+    )

@@ -1,0 +1,295 @@
+"""Damaged segment metadata: never a hang, never a foreign exception, and repair mends all.
+
+A buggy writer or a bad DIMM can change any word of a live segment. The
+contract: every pool operation either works or raises ``CorruptPoolError``
+(whose message says to run ``cortex cache health --repair``); it never hangs
+and never raises IndexError, OverflowError, ValueError or UnicodeDecodeError.
+``check()`` reports what an operation would trip over, and after
+``check(repair=True)`` everything works, ``check() == []``, and every value
+still there is the one that was stored.
+
+The damage is real: words of a real pool's shared header, entry table, key
+index, live list and page links are overwritten, then the public API is used
+as an application would. Every example runs under an alarm, so a hang fails
+the test instead of stopping the suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import kvcache
+from kvcache import CorruptPoolError, transfer
+from kvcache.keys import key_hash
+from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, E, H
+from kvcache.mapping import same_value
+from kvcache.policies import POLICIES
+from kvcache.pool import ENTRY_SORTS
+from multiprocess.workers import deadline  # tests/ is on sys.path, as for every test here
+
+HANG_S = 20  # far beyond any operation on these small pools
+
+
+def alarm(seconds: float = HANG_S) -> contextlib.AbstractContextManager[None]:
+    """Raise ``Deadlock`` in this thread if the block runs longer than ``seconds``."""
+    return deadline(seconds)
+
+
+VALUES: dict[str | bytes, object] = {
+    "small": b"s" * 100,
+    "pages": bytes(range(256)) * 12,  # 3 KiB: several 1 KiB pages
+    b"\x00bytes": b"\xff" * 10,
+    "array": np.arange(300, dtype=np.float64),
+    "ключ": b"k" * 1500,
+    "empty": b"",
+    "large": np.arange(20_000, dtype=np.int32),  # 80 KB: copied outside the lock
+}
+
+
+def fill(pool: kvcache.Pool) -> None:
+    """VALUES, a freed hole in the page list, a ttl, priorities and some hits."""
+    for i, (key, value) in enumerate(VALUES.items()):
+        pool.put(key, value, priority=i - 3, ttl=3600 if i % 2 else None)  # type: ignore[arg-type]
+    pool.put("gone", b"g" * 2500)
+    pool.delete("gone")
+    for key in ("small", "array", "small"):
+        pool.get(key)
+    assert pool.check() == []
+
+
+@contextlib.contextmanager
+def damaged_pool(policy: str = "lru") -> Iterator[kvcache.Pool]:
+    """A filled real pool, destroyed afterwards (hypothesis examples need their own)."""
+    name = f"test-damage-{uuid.uuid4().hex[:10]}"
+    pool = kvcache.create(name, "256K", page_size="1K", policy=policy)
+    try:
+        fill(pool)
+        yield pool
+    finally:
+        with contextlib.suppress(kvcache.KVCacheError):
+            pool.close()
+        kvcache.destroy(name)
+
+
+def operations(pool: kvcache.Pool, folder: Path) -> list[tuple[str, Callable[[], object]]]:
+    """Every public operation, as an application would call it."""
+    buffer = bytearray(100_000)
+    ops: list[tuple[str, Callable[[], object]]] = [
+        ("get", lambda: [pool.get(key) for key in VALUES]),
+        ("get absent", lambda: pool.get("absent")),
+        ("get_into", lambda: [pool.get_into(key, buffer) for key in ("small", "large")]),
+        ("contains", lambda: [key in pool for key in (*VALUES, "absent")]),
+        ("len", lambda: len(pool)),
+        ("keys", lambda: pool.keys()),
+        ("iter", lambda: list(pool)),
+        ("items", lambda: list(pool.items())),
+        ("stats", lambda: pool.stats()),
+        ("ttl", lambda: [pool.ttl(key) for key in VALUES if key in pool]),
+        ("touch", lambda: pool.touch("pages", ttl=60)),
+        ("put new", lambda: pool.put("new", b"n" * 2000)),
+        ("put over", lambda: pool.put("small", VALUES["small"])),
+        ("put large", lambda: pool.put("new large", b"L" * 70_000)),
+        ("delete", lambda: pool.delete("new")),
+        ("pop", lambda: pool.pop("new large", None)),
+        ("persist", lambda: pool.persist(folder / "damaged.kvsnap")),
+        ("evict expired", lambda: pool.evict(expired=True)),
+        ("evict", lambda: pool.evict(percent=5)),
+        ("fill up", lambda: [pool.put(f"fill{i}", b"f" * 9000) for i in range(40)]),
+    ]
+    for sort in ENTRY_SORTS:
+        ops.append((f"entries {sort}", lambda sort=sort: pool.entries(sort=sort)))  # type: ignore[misc]
+    return ops
+
+
+def run_all(pool: kvcache.Pool, folder: Path, *, damaged: bool) -> None:
+    """Each operation works or, on a damaged pool, raises CorruptPoolError; none hangs.
+
+    A damaged pool is checked first: whatever an operation trips over, ``check()``
+    must have reported (and a check never raises).
+    """
+    with alarm():
+        problems = pool.check()
+    for name, op in operations(pool, folder):
+        try:
+            with alarm():
+                op()
+        except CorruptPoolError as exc:
+            assert damaged, f"{name} failed on a repaired pool: {exc}"
+            assert problems, f"check() found nothing, then {name} raised {exc}"
+            assert "cortex cache health" in str(exc) and "--repair" in str(exc)
+            event(f"CorruptPoolError from {name}")
+
+
+def assert_repaired(pool: kvcache.Pool, folder: Path) -> None:
+    """After check(repair=True): consistent, working, and no value other than what was put."""
+    with alarm():
+        pool.check(repair=True)
+        assert pool.check() == []
+    for key, value in VALUES.items():
+        got = pool.get(key)
+        assert got is None or same_value(got, value), key
+    run_all(pool, folder, damaged=False)
+    assert pool.check() == []
+    kvcache.open(pool.name).close()  # the header is fit for a new process too
+
+
+# ------------------------------------------------------------------ regressions
+
+
+def test_bug_index_without_an_empty_slot_hung_every_process() -> None:
+    """Regression: with every index slot holding a live id, get/put of a missing key
+    probed forever with the pool lock held (so every process blocked), and check()
+    and repair both returned []."""
+    with damaged_pool() as pool:
+        live = pool._views.live[: len(pool)].copy()
+        pool._views.index[:] = np.resize(live + 1, pool._views.index.size)
+        for op in (
+            lambda: pool.get("absent"),
+            lambda: pool.put("absent", b"x"),
+            lambda: pool.delete("absent"),
+            lambda: "absent" in pool,
+        ):
+            with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
+                op()
+        with alarm():
+            assert any("no empty slot" in p for p in pool.check())
+            assert pool.check(repair=True) != []
+        assert pool.check() == []
+        assert all(same_value(pool.get(key), value) for key, value in VALUES.items())
+        pool.put("absent", b"x")
+        assert pool.get("absent") == b"x"
+
+
+def test_bug_last_access_beyond_the_clock_overflowed_get() -> None:
+    """Regression: an entry's last_access set to 2**40 passed check(repair=True) == [],
+    then get raised OverflowError (LFU's decay 2.0 ** (-idle / half_life))."""
+    with damaged_pool("lfu") as pool:
+        eid = pool._index.find(*key_hash(b"small"))
+        pool._eq[eid * ENTRY_WORDS + E.last_access] = 2**40
+        with pytest.raises(CorruptPoolError, match="OverflowError"):
+            pool.get("small")
+        assert pool.get("small") == VALUES["small"]  # the lock saw the error: next holder repaired
+        assert pool.stats().repairs == 1
+        pool._eq[eid * ENTRY_WORDS + E.last_access] = 2**40
+        problems = pool.check()
+        assert any(f"entry {eid}: its last_access" in p for p in problems)
+        assert pool.check(repair=True) == problems
+        assert pool.check() == [] and pool.get("small") == VALUES["small"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "use"),
+    [
+        ("clock", 2**63 - 1, lambda pool: pool.put("k", b"v")),  # the next tick overflows
+        ("hits", 2**63 - 1, lambda pool: pool.get("small")),
+        ("num_live", -2, len),  # len() itself would raise ValueError
+    ],
+)
+def test_header_word_out_of_range_is_reported_and_mended(tmp_path, field, value, use) -> None:
+    with damaged_pool() as pool:
+        pool._hq[getattr(H, field)] = value
+        assert any(f"{field} {value}" in p or "live list" in p for p in pool.check())
+        with pytest.raises(CorruptPoolError, match="--repair"):
+            use(pool)
+        assert_repaired(pool, tmp_path)
+
+
+def test_text_key_that_is_not_utf8_is_dropped_by_repair() -> None:
+    """The key's bytes and checksum are rewritten together (as a writer that
+    means it would): only the meaning of the key can tell it is wrong."""
+    with damaged_pool() as pool:
+        eid = pool._index.find(*key_hash("ключ".encode()))
+        start = pool._eq[eid * ENTRY_WORDS + E.first_page] * pool._page_size
+        pool._data[start] = 0xFF
+        pool._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(pool._summed(eid).computed())
+        pool._eq[eid * ENTRY_WORDS + E.hash_lo], pool._eq[eid * ENTRY_WORDS + E.hash_hi] = key_hash(
+            bytes(pool._key_view(eid))
+        )
+        assert any(f"entry {eid}: its text key is not UTF-8" in p for p in pool.check())
+        with pytest.raises(CorruptPoolError, match="UnicodeDecodeError"):
+            pool.keys()
+        pool.check(repair=True)
+        assert pool.check() == [] and "ключ" not in pool
+
+
+def test_damaged_policy_in_the_header_is_written_back() -> None:
+    """Open refuses a header whose configuration is damaged; a process that has the
+    pool open still knows it, and its repair writes it back."""
+    with damaged_pool() as pool:
+        pool._views.header["policy"] = b"bogus"
+        with pytest.raises(kvcache.IncompatiblePoolError):
+            kvcache.open(pool.name)
+        assert any("header policy" in p for p in pool.check())
+        pool.check(repair=True)
+        assert pool.check() == []
+        kvcache.open(pool.name).close()
+
+
+# ------------------------------------------------------------------- the fuzz
+
+HEADER_FIELDS = list(HEADER_DTYPE.names)
+ENTRY_FIELDS = list(ENTRY_DTYPE.names)
+INTS = [0, 1, -1, 2, 63, 64, 255, 256, 257, 511, 512, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63)]
+FLOATS = [0.0, -1.0, 1.0, math.nan, math.inf, -math.inf, 1e300, -1e300, 5e-324]
+
+
+def word(data: st.DataObject, kind: str, old: object) -> object:
+    """A damaging value for a field of numpy kind ``kind`` that held ``old``."""
+    if kind == "f":
+        return data.draw(st.sampled_from(FLOATS) | st.floats(), label="float")
+    if kind == "S":
+        return data.draw(st.binary(max_size=16), label="bytes")
+    return data.draw(
+        st.sampled_from(INTS)
+        | st.integers(-3, 600)
+        | st.integers(-(2**63), 2**63 - 1)
+        | st.sampled_from([max(int(old), -(2**63) + 1) - 1, min(int(old), 2**63 - 2) + 1]),  # type: ignore[call-overload]
+        label="int",
+    )
+
+
+def damage(pool: kvcache.Pool, data: st.DataObject) -> str:
+    """Overwrite one word of the pool's metadata; return which region (for statistics)."""
+    v = pool._views
+    target = data.draw(st.sampled_from(["header", "entry", "entry", "index", "live", "links"]))
+    if target == "header":
+        name = data.draw(st.sampled_from(HEADER_FIELDS))
+        value = word(data, HEADER_DTYPE.fields[name][0].kind, v.header[name])  # type: ignore[index]
+        v.header[name] = value
+        return f"header {name}"
+    if target == "entry":
+        used = min(max(1, int(v.header_q[H.next_fresh_entry])), v.geometry.max_entries)
+        eid = data.draw(st.integers(0, used - 1) | st.integers(0, v.geometry.max_entries - 1))
+        name = data.draw(st.sampled_from(ENTRY_FIELDS))
+        value = word(data, ENTRY_DTYPE.fields[name][0].kind, v.entries[name][eid])  # type: ignore[index]
+        v.entries[name][eid] = value
+        return f"entry {name}"
+    array = {"index": v.index, "live": v.live, "links": v.page_next}[target]
+    slot = data.draw(st.integers(0, len(array) - 1))
+    value = word(data, "i", array[slot])
+    array[slot] = value
+    return target
+
+
+@settings(
+    max_examples=250,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data(), policy=st.sampled_from(sorted(POLICIES)))
+def test_any_damage_fails_cleanly_and_repair_mends_it(tmp_path, data, policy) -> None:
+    with damaged_pool(policy) as pool:
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            event(damage(pool, data))
+        run_all(pool, tmp_path, damaged=True)
+        assert_repaired(pool, tmp_path)
