@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, transfer
 from kvcache.keys import key_hash
-from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, E, H
+from kvcache.layout import DESTROYED, ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, REPLACED, E, H
 from kvcache.mapping import same_value
 from kvcache.policies import POLICIES
 from kvcache.pool import ENTRY_SORTS
@@ -148,18 +148,28 @@ def assert_repaired(pool: kvcache.Pool, folder: Path) -> None:
 def test_bug_index_without_an_empty_slot_hung_every_process() -> None:
     """Regression: with every index slot holding a live id, get/put of a missing key
     probed forever with the pool lock held (so every process blocked), and check()
-    and repair both returned []."""
-    with damaged_pool() as pool:
+    and repair both returned []. Now the probe fails, and the pool stays marked dirty,
+    so the next call's lock repairs it."""
+
+    def fill_the_index(pool: kvcache.Pool) -> None:
         live = pool._views.live[: len(pool)].copy()
         pool._views.index[:] = np.resize(live + 1, pool._views.index.size)
+
+    with damaged_pool() as pool:
         for op in (
             lambda: pool.get("absent"),
             lambda: pool.put("absent", b"x"),
             lambda: pool.delete("absent"),
             lambda: "absent" in pool,
         ):
+            fill_the_index(pool)
+            repairs = pool.stats().repairs
             with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
                 op()
+            assert pool.check() == []  # its lock found the pool dirty and rebuilt the index
+            assert pool.stats().repairs == repairs + 1
+            pool.delete("absent")
+        fill_the_index(pool)
         with alarm():
             assert any("no empty slot" in p for p in pool.check())
             assert pool.check(repair=True) != []
@@ -264,6 +274,8 @@ def damage(pool: kvcache.Pool, data: st.DataObject) -> str:
     if target == "header":
         name = data.draw(st.sampled_from(HEADER_FIELDS))
         value = word(data, HEADER_DTYPE.fields[name][0].kind, v.header[name])  # type: ignore[index]
+        if name == "retired" and value in (DESTROYED, REPLACED):
+            value = 3  # those two say the pool was destroyed or replaced: taken as said
         v.header[name] = value
         return f"header {name}"
     if target == "entry":

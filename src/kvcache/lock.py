@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from . import leases
-from .errors import KVCacheError, PoolClosedError, PoolDestroyedError
-from .layout import REPLACED, H
+from .errors import CorruptPoolError, KVCacheError, PoolClosedError, PoolDestroyedError
+from .layout import DESTROYED, REPLACED, H
 
 
 class PoolLock:
@@ -68,10 +68,11 @@ class PoolLock:
             self._unlock()
             raise closed_error(self._name)
         header_q = self._header_q
-        if header_q[H.retired]:
+        retired = header_q[H.retired]
+        if retired in (DESTROYED, REPLACED):
             self._unlock()
-            raise retired_error(self._name, header_q[H.retired])
-        if header_q[H.dirty]:
+            raise retired_error(self._name, retired)
+        if header_q[H.dirty] or retired:  # any other value is damage, which the repair mends
             try:
                 self._repair()
             except BaseException:
@@ -87,9 +88,12 @@ class PoolLock:
         tb: TracebackType | None,
     ) -> None:
         # kvcache raises its own errors before mutating anything; any other
-        # exception (a bug, KeyboardInterrupt) may have struck mid-way, so the
+        # exception (a bug, KeyboardInterrupt) may have struck mid-way, and a
+        # CorruptPoolError means the metadata is damaged, so in both cases the
         # pool stays marked dirty and the next holder repairs it.
-        if exc is None or isinstance(exc, KVCacheError):
+        if exc is None or (
+            isinstance(exc, KVCacheError) and not isinstance(exc, CorruptPoolError)
+        ):
             self._header_q[H.dirty] = 0
         self._unlock()
 

@@ -41,6 +41,7 @@ from .layout import (
     HEADER_BYTES,
     HEADER_DTYPE,
     KEY_IS_STR,
+    LIVE,
     NO_PAGE,
     READY,
     WRITING,
@@ -259,6 +260,8 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     sweep, reserved = h[H.next_sweep_puts], h[H.reserved_pages]
     wanted["next_sweep_puts"] = sweep if 0 <= sweep <= wanted["puts"] + g.max_entries else 0
     wanted["reserved_pages"] = reserved if fresh <= reserved <= g.num_pages else fresh
+    # DESTROYED and REPLACED never reach here (the lock refuses them): anything else is damage
+    wanted["retired"] = LIVE
     for name, value in wanted.items():
         if h[getattr(H, name)] != value:
             survey.problems.append(
