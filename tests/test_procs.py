@@ -18,7 +18,7 @@ import pytest
 import kvcache
 from kvcache import PoolFullError, leases
 from kvcache.config import PoolConfig
-from kvcache.pool import create_from_config
+from kvcache.lifecycle import create_from_config
 from kvcache.procs import me
 
 _HOLD_OPEN = textwrap.dedent(

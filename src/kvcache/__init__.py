@@ -22,6 +22,7 @@ parts, bottom up (each module opens with its own overview):
 - ``transfer``  bytes between callers' buffers and an entry's pages
 - ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
+- ``lifecycle`` create/open/destroy/list by name; retiring a pool others have open
 - ``mapping``   ``Pool`` as a dict: pop, clear, touch, ttl, views others may change
 - ``snapshot``  persist to a file and restore: format, atomic writes, checks
 - ``prefix``    token prefixes: ``PrefixCache`` stores/finds a prompt's KV by chunks
@@ -58,7 +59,8 @@ from .errors import (
     UntrustedOwnerError,
     ValueTooLargeError,
 )
-from .pool import Pool, create, destroy, list_pools, open
+from .lifecycle import create, destroy, list_pools, open
+from .pool import Pool
 from .prefix import KVLayout, PrefixCache
 from .reports import EvictionResult, PoolStats
 from .snapshot import RestoreReport, SnapshotInfo, inspect_snapshot, restore, restore_with_report

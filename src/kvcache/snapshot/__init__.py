@@ -39,9 +39,10 @@ from ..errors import (
     SnapshotError,
 )
 from ..layout import ENTRY_DTYPE, REPLACED
+from ..lifecycle import create_from_config, retire
+from ..lifecycle import open as open_pool
 from ..policies import ScoreContext, get_policy, rank_victims
-from ..pool import Pool, create_from_config, retire
-from ..pool import open as open_pool
+from ..pool import Pool
 from ..units import parse_size
 from . import files
 from .format import (

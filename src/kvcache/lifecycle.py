@@ -1,0 +1,244 @@
+"""Named pools: create, open, destroy and list them (the module API over ``Pool``).
+
+``pool`` is one open pool and what a handle does with it; this module is how
+a name becomes a handle and how a name stops being a pool: exclusive create
+(``segment.create``), open with the owner check and a retry when the name was
+swapped meanwhile, and destroy/replace, which mark the old segment retired for
+whoever still has it open (``Pool._retire``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from . import owners, segment
+from .config import PoolConfig
+from .errors import CorruptPoolError, IncompatiblePoolError, PoolBusyError, PoolDestroyedError
+from .layout import DESTROYED, Geometry, read_header, write_header
+from .pool import Pool
+
+
+def create(
+    name: str,
+    size: str | int,
+    *,
+    policy: str = "lru",
+    page_size: str | int = "64K",
+    max_entries: int | None = None,
+    default_ttl: str | float | None = None,
+    eviction_samples: int = 64,
+    lfu_half_life: int | None = None,
+    prealloc: bool = False,
+    mode: int = segment.DEFAULT_MODE,
+    force: bool = False,
+    verify_reads: bool = False,
+    clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
+) -> Pool:
+    """Create pool ``name`` of ``size`` (``"16G"``) in /dev/shm and open it.
+
+    Args:
+        policy: eviction policy, see ``kvcache.policies.POLICIES``.
+        page_size: allocation unit, a power of two from 1K to 256M.
+        max_entries: entry slots; default one per page.
+        default_ttl: expiry for puts without a ttl (``"1h"``); default never.
+        eviction_samples: entries scored per eviction (see ``PoolConfig``).
+        lfu_half_life: clock ticks after which an idle LFU count halves.
+        prealloc: reserve all memory now rather than as pages are first used.
+        mode: file permissions; ``0o600`` keeps the pool private to its user,
+            ``0o660`` shares it with the group; execute bits are refused.
+        force: accept a ``mode`` that gives other users access (e.g. ``0o666``).
+        verify_reads: this handle checks every value read (see :func:`open`).
+        clock, rng: injectable time and randomness (tests).
+
+    Raises:
+        PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
+        NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
+    """
+    segment.validate_name(name)
+    segment.check_mode(mode, force=force)
+    config = PoolConfig.build(
+        size,
+        page_size=page_size,
+        policy=policy,
+        max_entries=max_entries,
+        default_ttl=default_ttl,
+        eviction_samples=eviction_samples,
+        lfu_half_life=lfu_half_life,
+    )
+    return create_from_config(
+        name,
+        config,
+        mode=mode,
+        prealloc=prealloc,
+        verify_reads=verify_reads,
+        clock=clock,
+        rng=rng,
+    )
+
+
+def create_from_config(
+    name: str,
+    config: PoolConfig,
+    *,
+    mode: int = 0o600,
+    prealloc: bool = False,
+    verify_reads: bool = False,
+    clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
+    hidden: bool = False,
+) -> Pool:
+    """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
+
+    Args:
+        hidden: keep the segment under a hidden name until
+            ``segment.publish(pool._segment, ...)``; a restore fills it first.
+    """
+    geometry = Geometry.for_config(config)
+
+    def initialise(seg: segment.Segment) -> None:
+        write_header(seg.buffer, config, geometry, clock(), geometry.num_pages if prealloc else 0)
+
+    reserve = geometry.total_bytes if prealloc else geometry.data_offset
+    seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden)
+    try:
+        return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
+    except BaseException:
+        seg.close()
+        if hidden:
+            seg.path.unlink(missing_ok=True)
+        raise
+
+
+OPEN_ATTEMPTS = 3
+"""An open that finds the pool destroyed or replaced between opening its file
+and first locking it opens the name again (the new pool, or PoolNotFoundError);
+only a name swapped under it this many times in a row is an error."""
+
+
+def open(
+    name: str,
+    *,
+    verify_reads: bool = False,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
+    clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
+) -> Pool:
+    """Open the existing pool ``name`` (created by any process).
+
+    Args:
+        verify_reads: check each value read against the checksum written with
+            it; a damaged entry is dropped and read as a miss (costs a hash of
+            every value read, see the README's figures).
+        trust_owner: also accept a pool owned by this user (name or uid), e.g. a
+            colleague's pool shared with ``mode=0o660``. Pools of other users
+            are refused by default: their owner can read and change every value
+            (see :mod:`kvcache.owners`). Root's pools are always accepted.
+        trust_group: also accept a pool whose file group is one of the caller's.
+        clock, rng: injectable time and randomness (tests).
+
+    Raises:
+        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        UntrustedOwnerError: another user's pool, and neither trust option covers it.
+        AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
+    """
+    trust = owners.Trust.build(trust_owner, trust_group)
+    for _ in range(OPEN_ATTEMPTS - 1):
+        try:
+            return _open_once(name, trust, verify_reads, clock, rng)
+        except PoolDestroyedError:
+            continue  # swapped between opening the file and locking it: look the name up again
+    return _open_once(name, trust, verify_reads, clock, rng)
+
+
+def _open_once(
+    name: str,
+    trust: owners.Trust,
+    verify_reads: bool,
+    clock: Callable[[], float],
+    rng: np.random.Generator | None,
+) -> Pool:
+    seg = segment.attach(name, trust)
+    try:
+        config, geometry = read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
+        return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
+    except BaseException:
+        seg.close()
+        raise
+
+
+def destroy(
+    name: str,
+    *,
+    force: bool = False,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
+) -> None:
+    """Remove pool ``name``.
+
+    Refused while other processes have it open, unless ``force``: they would go
+    on storing work into a file nobody else can find. Forced, each of them fails
+    its next call with :class:`PoolDestroyedError` (its memory is freed once
+    they have all closed it); so do the handles of this process, which do not
+    count as others. A file under the name that this kvcache cannot open as a
+    pool (damaged, another format version) is removed as it is.
+
+    Args:
+        force: destroy it even while other processes have it open.
+        trust_owner, trust_group: destroy another user's pool (see :func:`open`).
+
+    Raises:
+        PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
+    """
+    retire(
+        name,
+        DESTROYED,
+        lambda: segment.unlink(name),
+        force=force,
+        trust_owner=trust_owner,
+        trust_group=trust_group,
+    )
+
+
+def retire(
+    name: str,
+    how: int,
+    take_name: Callable[[], None],
+    *,
+    force: bool = False,
+    trust_owner: str | int | None = None,
+    trust_group: bool = False,
+) -> None:
+    """Let ``take_name`` unlink pool ``name``'s file or rename another over it, and mark
+    the old segment ``how`` (``layout.DESTROYED`` or ``REPLACED``) for whoever has it open.
+
+    Both happen under the old pool's lock, after checking (unless ``force``)
+    that no other process has it open. A process that opens the pool meanwhile
+    claims its process slot before it first locks, so it is either counted or
+    finds the mark and opens the name again.
+
+    Raises:
+        PoolNotFoundError: there is no pool ``name`` (``take_name`` was not called).
+        PoolBusyError: other processes have it open and ``force`` is False.
+        UntrustedOwnerError: another user's pool, not covered by the trust options.
+    """
+    for _ in range(OPEN_ATTEMPTS):
+        try:
+            old = open(name, trust_owner=trust_owner, trust_group=trust_group)
+        except (IncompatiblePoolError, CorruptPoolError):
+            take_name()  # no pool this kvcache can attach to, so nobody here to tell
+            return
+        with old:
+            if old._retire(how, take_name, force=force):
+                return
+    raise PoolBusyError(f"pool '{name}' was replaced again and again meanwhile: try again")
+
+
+def list_pools() -> list[str]:
+    """Names of all pools on this machine, sorted."""
+    return segment.list_names()
