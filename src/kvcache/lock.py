@@ -69,17 +69,22 @@ class PoolLock:
             raise closed_error(self._name)
         header_q = self._header_q
         retired = header_q[H.retired]
+        if retired or header_q[H.dirty]:  # one test on the common path, for both words
+            self._settle(retired)
+        header_q[H.dirty] = 1
+        return self
+
+    def _settle(self, retired: int) -> None:
+        """Refuse a retired pool, or repair: after a holder that died mid-mutation (``dirty``),
+        or a ``retired`` word that is neither DESTROYED nor REPLACED (damage)."""
         if retired in (DESTROYED, REPLACED):
             self._unlock()
             raise retired_error(self._name, retired)
-        if header_q[H.dirty] or retired:  # any other value is damage, which the repair mends
-            try:
-                self._repair()
-            except BaseException:
-                self._unlock()  # dirty stays set: the next holder tries again
-                raise
-        header_q[H.dirty] = 1
-        return self
+        try:
+            self._repair()
+        except BaseException:
+            self._unlock()  # dirty stays set: the next holder tries again
+            raise
 
     def __exit__(
         self,
@@ -91,9 +96,7 @@ class PoolLock:
         # exception (a bug, KeyboardInterrupt) may have struck mid-way, and a
         # CorruptPoolError means the metadata is damaged, so in both cases the
         # pool stays marked dirty and the next holder repairs it.
-        if exc is None or (
-            isinstance(exc, KVCacheError) and not isinstance(exc, CorruptPoolError)
-        ):
+        if exc is None or (isinstance(exc, KVCacheError) and not isinstance(exc, CorruptPoolError)):
             self._header_q[H.dirty] = 0
         self._unlock()
 

@@ -32,6 +32,7 @@ from .allocator import PageAllocator, Run
 from .config import PoolConfig
 from .entries import EntryTable
 from .errors import (
+    DAMAGE_SIGNS,
     CorruptPoolError,
     InvalidArgument,
     OutOfSharedMemoryError,
@@ -39,6 +40,7 @@ from .errors import (
     PoolDestroyedError,
     PoolFullError,
     ValueTooLargeError,
+    as_damage,
     damaged,
     reports_damage,
 )
@@ -166,7 +168,6 @@ class Pool(EvictionMixin, MappingMixin):
 
     # ----------------------------------------------------------------- writes
 
-    @reports_damage
     def put(
         self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None
     ) -> None:
@@ -253,13 +254,11 @@ class Pool(EvictionMixin, MappingMixin):
     def get(self, key: Key) -> Value | None: ...
     @overload
     def get(self, key: Key, default: Default) -> Value | Default: ...
-    @reports_damage
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
         value = self._read(key, transfer.materialise)
         return default if value is None else value
 
-    @reports_damage
     def get_into(self, key: Key, buffer: object) -> int | None:
         """Copy the value's bytes into ``buffer`` (any writable buffer); None on a miss.
 
@@ -532,28 +531,34 @@ class Pool(EvictionMixin, MappingMixin):
         ``verify_reads`` the entry's bytes are summed too (outside the lock for
         large values): a mismatch drops the entry and is a miss.
         """
-        key_bytes, _ = encode_key(key)
-        for attempt in range(READ_ATTEMPTS):
-            with self._lock:
-                eid = self._lookup(key_bytes, count=attempt == 0)
-                if eid < 0:
-                    return None
-                header, payload, generation = self._value_views(eid)
-                checked = self._summed(eid) if self.verify_reads else None
-                if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
-                    if checked is not None and not checked.intact():
+        try:
+            key_bytes, _ = encode_key(key)
+            for attempt in range(READ_ATTEMPTS):
+                with self._lock:
+                    eid = self._lookup(key_bytes, count=attempt == 0)
+                    if eid < 0:
+                        return None
+                    header, payload, generation = self._value_views(eid)
+                    checked = self._summed(eid) if self.verify_reads else None
+                    if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
+                        if checked is not None and not checked.intact():
+                            self._drop_damaged(eid)
+                            return None
+                        return copy(header, payload)
+                copied = copy(header, payload)
+                intact = checked is None or checked.intact()
+                with self._lock:
+                    if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                        if intact:
+                            return copied
                         self._drop_damaged(eid)
                         return None
-                    return copy(header, payload)
-            copied = copy(header, payload)
-            intact = checked is None or checked.intact()
-            with self._lock:
-                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
-                    if intact:
-                        return copied
-                    self._drop_damaged(eid)
-                    return None
-        return None
+            return None
+        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see errors.as_damage
+            replacement = as_damage(self.name, exc)
+            if replacement is exc:
+                raise
+            raise replacement from exc
 
     def _store(
         self,
@@ -580,41 +585,47 @@ class Pool(EvictionMixin, MappingMixin):
         ``history`` restores a snapshot entry's policy metadata;
         ``evict_within_reserved`` is ``_reserve``'s.
         """
-        num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
-        with self._lock:
-            eid = self._reserve(
-                flags,
-                key_bytes,
-                header_len,
-                value_len,
-                num_pages,
-                priority,
-                expires_at,
-                evict_within_reserved,
-            )
-            generation = self._eq[eid * ENTRY_WORDS + E.generation]
-            targets = self._entry_slices(eid)
-            if under_lock:
-                try:
-                    checksum = fill(targets)
-                except BaseException:
-                    self._free_entry(eid)
-                    raise
-                return self._finish(eid, checksum, history)
         try:
-            checksum = fill(targets)
-        except BaseException:
+            num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
             with self._lock:
-                if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
-                    self._free_entry(eid)
-            raise
-        with self._lock:
-            if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
-                raise CorruptPoolError(
-                    f"an entry of pool '{self.name}' was reclaimed while this live process "
-                    "wrote it: run cortex cache health --repair"
+                eid = self._reserve(
+                    flags,
+                    key_bytes,
+                    header_len,
+                    value_len,
+                    num_pages,
+                    priority,
+                    expires_at,
+                    evict_within_reserved,
                 )
-            return self._finish(eid, checksum, history)
+                generation = self._eq[eid * ENTRY_WORDS + E.generation]
+                targets = self._entry_slices(eid)
+                if under_lock:
+                    try:
+                        checksum = fill(targets)
+                    except BaseException:
+                        self._free_entry(eid)
+                        raise
+                    return self._finish(eid, checksum, history)
+            try:
+                checksum = fill(targets)
+            except BaseException:
+                with self._lock:
+                    if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                        self._free_entry(eid)
+                raise
+            with self._lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
+                    raise CorruptPoolError(
+                        f"an entry of pool '{self.name}' was reclaimed while this live process "
+                        "wrote it: run cortex cache health --repair"
+                    )
+                return self._finish(eid, checksum, history)
+        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see errors.as_damage
+            replacement = as_damage(self.name, exc)
+            if replacement is exc:
+                raise
+            raise replacement from exc
 
     def _finish(self, eid: int, checksum: int | None, history: History | None) -> bool:
         if checksum is None:
