@@ -77,7 +77,10 @@ def damaged_pool(policy: str = "lru") -> Iterator[kvcache.Pool]:
     finally:
         with contextlib.suppress(kvcache.KVCacheError):
             pool.close()
-        kvcache.destroy(name)
+        try:
+            kvcache.destroy(name)
+        finally:  # a pool damaged past opening (or marked retired) is removed as a file
+            kvcache.segment.segment_path(name).unlink(missing_ok=True)
 
 
 def operations(pool: kvcache.Pool, folder: Path) -> list[tuple[str, Callable[[], object]]]:
