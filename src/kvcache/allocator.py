@@ -22,10 +22,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import CorruptPoolError
+from .errors import corrupt
 from .layout import NO_PAGE, H, Views
 
-_REPAIR = "run cortex cache health --repair"
 RESERVE_GRANULE_BYTES = 8 << 20
 """Reserve fresh pages 8 MiB at a time: one fallocate per 8 MiB keeps the
 syscall off most puts, and zeroing 8 MiB (~1 ms) under the lock stays short."""
@@ -56,7 +55,7 @@ class PageAllocator:
         h = self._header_q
         num_free, fresh = h[H.num_free_pages], h[H.next_fresh_page]
         if num_free < 0 or not 0 <= fresh <= self._num_pages:
-            raise CorruptPoolError(f"the pool's page counters are damaged: {_REPAIR}")
+            raise corrupt("the pool's page counters are damaged")
         return num_free + self._num_pages - fresh
 
     def num_reserved_available(self) -> int:
@@ -79,7 +78,7 @@ class PageAllocator:
         from_free = min(num_pages, h[H.num_free_pages])
         from_fresh = num_pages - from_free
         if from_free < 0 or not 0 <= h[H.next_fresh_page] <= self._num_pages - from_fresh:
-            raise CorruptPoolError(f"the pool's page counters are damaged: {_REPAIR}")
+            raise corrupt("the pool's page counters are damaged")
         first = last = NO_PAGE
         if from_free:
             first, last = h[H.free_page_head], self._free_page(from_free)
@@ -111,14 +110,14 @@ class PageAllocator:
                 break
             page = nxt[page]
         if not 0 <= page < limit:
-            raise CorruptPoolError(f"the pool's free page list is damaged: {_REPAIR}")
+            raise corrupt("the pool's free page list is damaged")
         return page
 
     def free(self, first: int, last: int, num_pages: int) -> None:
         """Return a whole chain to the free list in O(1)."""
         h, limit = self._header_q, self._num_pages
         if not (0 <= first < limit and 0 <= last < limit):
-            raise CorruptPoolError(f"an entry's page chain is damaged: {_REPAIR}")
+            raise corrupt("an entry's page chain is damaged")
         self._next_q[last] = h[H.free_page_head]
         h[H.free_page_head] = first
         h[H.num_free_pages] += num_pages
@@ -132,16 +131,12 @@ class PageAllocator:
         """
         nxt, limit = self._next_q, self._num_pages
         if not 0 < num_pages <= limit:
-            raise CorruptPoolError(
-                f"an entry claims {num_pages} pages of {limit}: run cortex cache health --repair"
-            )
+            raise corrupt(f"an entry claims {num_pages} pages of {limit}")
         runs: list[Run] = []
         page, start, count = first, first, 0
         for _ in range(num_pages):
             if not 0 <= page < limit:
-                raise CorruptPoolError(
-                    f"page chain from {first} leaves the pool: run cortex cache health --repair"
-                )
+                raise corrupt(f"page chain from {first} leaves the pool")
             if page != start + count:
                 runs.append((start, count))
                 start, count = page, 0
@@ -154,7 +149,7 @@ class PageAllocator:
         h = self._header_q
         reserved = h[H.reserved_pages]
         if not 0 <= reserved <= self._num_pages:  # too high would skip reserving: SIGBUS later
-            raise CorruptPoolError(f"the pool's reserved-page watermark is damaged: {_REPAIR}")
+            raise corrupt("the pool's reserved-page watermark is damaged")
         if end_page <= reserved:
             return
         granule = max(1, RESERVE_GRANULE_BYTES // self._page_size)

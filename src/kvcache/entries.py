@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import CorruptPoolError
+from .errors import CorruptPoolError, corrupt
 from .layout import ENTRY_WORDS, FREE, READY, E, H, Views
 
 
 def _damaged(what: str) -> CorruptPoolError:
-    return CorruptPoolError(f"the pool's {what} is damaged: run cortex cache health --repair")
+    return corrupt(f"the pool's {what} is damaged")
 
 
 class EntryTable:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 
 class KVCacheError(Exception):
@@ -103,6 +103,14 @@ DAMAGE_SIGNS = (CorruptPoolError, *FOREIGN_ERRORS)
 """What :func:`as_damage` looks at."""
 
 
+REPAIR_ADVICE = "run cortex cache health --repair"
+
+
+def corrupt(detail: str) -> CorruptPoolError:
+    """The error a layer that does not know the pool's name raises for damage it found."""
+    return CorruptPoolError(f"{detail}: {REPAIR_ADVICE}")
+
+
 def damaged(pool_name: str, detail: str) -> CorruptPoolError:
     """The error for pool metadata found out of range (``detail``: what was found)."""
     return CorruptPoolError(
@@ -128,17 +136,14 @@ def reports_damage(method: Method) -> Method:
         try:
             return method(self, *args, **kwargs)
         except DAMAGE_SIGNS as exc:
-            replacement = as_damage(self.name, exc)
-            if replacement is exc:
-                raise
-            raise replacement from exc
+            raise_as_damage(self.name, exc)
 
     return cast(Method, guarded)
 
 
-def as_damage(pool_name: str, exc: BaseException) -> BaseException:
-    """What to raise for ``exc`` from a call on pool ``pool_name``: itself, unless it is
-    a foreign error (or a CorruptPoolError without the advice) that damage explains.
+def raise_as_damage(pool_name: str, exc: BaseException) -> NoReturn:
+    """Raise ``exc`` from a call on pool ``pool_name`` again, as the ``CorruptPoolError``
+    that damage explains if it is a foreign error (or one without the advice).
 
     The hot paths (``Pool._read``, ``Pool._store``) call it from their own
     ``except`` rather than through :func:`reports_damage`, whose extra call
@@ -146,9 +151,9 @@ def as_damage(pool_name: str, exc: BaseException) -> BaseException:
     """
     if isinstance(exc, CorruptPoolError):
         if "--repair" in str(exc):
-            return exc
+            raise exc
         # from a layer that cannot say what to do (codec: a stored array header)
-        return damaged(pool_name, str(exc))
+        raise damaged(pool_name, str(exc)) from exc
     if isinstance(exc, KVCacheError):  # InvalidArgument is a ValueError too
-        return exc
-    return damaged(pool_name, f"{type(exc).__name__}: {exc}")
+        raise exc
+    raise damaged(pool_name, f"{type(exc).__name__}: {exc}") from exc

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .errors import CorruptPoolError
+from .errors import corrupt
 from .layout import ENTRY_WORDS, E, Views
 
-_FULL = "the pool's key index has no empty slot (damaged): run cortex cache health --repair"
+_FULL = "the pool's key index has no empty slot (damaged)"
 
 
 class HashIndex:
@@ -47,7 +47,7 @@ class HashIndex:
                 return value - 1
             slot = (slot + 1) & mask
             if slot == home:
-                raise CorruptPoolError(_FULL)
+                raise corrupt(_FULL)
 
     def insert(self, eid: int, hash_lo: int) -> None:
         """Add ``eid`` (whose hash is not present yet)."""
@@ -56,7 +56,7 @@ class HashIndex:
         while slots[slot]:
             slot = (slot + 1) & mask
             if slot == home:
-                raise CorruptPoolError(_FULL)
+                raise corrupt(_FULL)
         slots[slot] = eid + 1
 
     def remove(self, eid: int, hash_lo: int) -> None:
@@ -68,12 +68,12 @@ class HashIndex:
                 return
             hole = (hole + 1) & mask
             if hole == start:
-                raise CorruptPoolError(_FULL)
+                raise corrupt(_FULL)
         probe = start = hole
         while True:
             probe = (probe + 1) & mask
             if probe == start:
-                raise CorruptPoolError(_FULL)
+                raise corrupt(_FULL)
             value = slots[probe]
             if not value:
                 break

@@ -53,6 +53,9 @@ a checksum over their flags, lengths and bytes, and wall-clock times; the header
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
+COUNTERS = ("hits", "misses", "puts", "evictions", "expirations", "repairs", "damaged")
+"""The header's event counters (``Pool.stats`` reports them; repair resets any out of range)."""
+
 HEADER_DTYPE = np.dtype(
     [
         ("magic", "S8"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import pwd
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import InvalidArgument, UntrustedOwnerError
 
@@ -98,6 +99,14 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def owner_name(path: Path) -> str | None:
+    """The name of ``path``'s owner (for messages), or None if it cannot be told."""
+    try:
+        return user_name(path.stat().st_uid)
+    except OSError:
+        return None
 
 
 def _own_groups() -> set[int]:

@@ -33,6 +33,7 @@ from .config import PoolConfig
 from .entries import EntryTable
 from .errors import (
     DAMAGE_SIGNS,
+    REPAIR_ADVICE,
     CorruptPoolError,
     InvalidArgument,
     OutOfSharedMemoryError,
@@ -40,14 +41,15 @@ from .errors import (
     PoolDestroyedError,
     PoolFullError,
     ValueTooLargeError,
-    as_damage,
     damaged,
+    raise_as_damage,
     reports_damage,
 )
 from .eviction import EvictionMixin, Growth
 from .index import HashIndex
 from .keys import Key, encode_key, key_hash
 from .layout import (
+    COUNTERS,
     DESTROYED,
     ENTRY_WORDS,
     KEY_IS_STR,
@@ -349,18 +351,7 @@ class Pool(EvictionMixin, MappingMixin):
         """Occupancy and counters as every attached process sees them."""
         with self._lock:
             h = self._hq
-            counters = {
-                name: h[getattr(H, name)]
-                for name in (
-                    "hits",
-                    "misses",
-                    "puts",
-                    "evictions",
-                    "expirations",
-                    "repairs",
-                    "damaged",
-                )
-            }
+            counters = {name: h[getattr(H, name)] for name in COUNTERS}
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
             attached = self._procs.live()  # under the lock: a close() may follow it at once
         here = me().pid_ns
@@ -398,11 +389,9 @@ class Pool(EvictionMixin, MappingMixin):
                 recovery.rebuild(self._recovery_parts())
                 self._hq[H.repairs] += 1
         for eid in sound:
-            damaged = self._verify_entry(eid, remove=repair)
-            if damaged is not None:
-                problems.append(
-                    f"entry {eid} (key {damaged!r}): its bytes do not match their checksum"
-                )
+            key = self._verify_entry(eid, remove=repair)
+            if key is not None:
+                problems.append(f"entry {eid} (key {key!r}): its bytes do not match their checksum")
         return problems
 
     def _verify_entry(self, eid: int, *, remove: bool) -> Key | None:
@@ -554,11 +543,8 @@ class Pool(EvictionMixin, MappingMixin):
                         self._drop_damaged(eid)
                         return None
             return None
-        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see errors.as_damage
-            replacement = as_damage(self.name, exc)
-            if replacement is exc:
-                raise
-            raise replacement from exc
+        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
+            raise_as_damage(self.name, exc)
 
     def _store(
         self,
@@ -618,14 +604,11 @@ class Pool(EvictionMixin, MappingMixin):
                 if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
                     raise CorruptPoolError(
                         f"an entry of pool '{self.name}' was reclaimed while this live process "
-                        "wrote it: run cortex cache health --repair"
+                        f"wrote it: {REPAIR_ADVICE}"
                     )
                 return self._finish(eid, checksum, history)
-        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see errors.as_damage
-            replacement = as_damage(self.name, exc)
-            if replacement is exc:
-                raise
-            raise replacement from exc
+        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
+            raise_as_damage(self.name, exc)
 
     def _finish(self, eid: int, checksum: int | None, history: History | None) -> bool:
         if checksum is None:

@@ -36,6 +36,7 @@ from .index import HashIndex
 from .keys import key_hash
 from .layout import (
     CLOCK_LIMIT,
+    COUNTERS,
     ENTRY_WORDS,
     FREE,
     HEADER_BYTES,
@@ -54,7 +55,6 @@ from .layout import (
 from .procs import ProcessTable
 from .ranges import MAX_VALUE_HEADER_BYTES
 
-COUNTERS = ("hits", "misses", "puts", "evictions", "expirations", "repairs", "damaged")
 FIXED_HEADER_FIELDS = (
     "magic",
     "format_version",
@@ -88,7 +88,7 @@ class _Survey:
     clock: int  # the logical clock, mended if it was out of range
     mends: list[tuple[int, str, int | float]] = field(default_factory=list)  # (id, field, value)
     header: dict[str, int] = field(default_factory=dict)  # header words to set
-    fixed: list[str] = field(default_factory=list)  # FIXED_HEADER_FIELDS to write back
+    fixed: dict[str, np.ndarray] = field(default_factory=dict)  # damaged fixed fields: values
     fresh_pages: int = 0  # the fresh-page watermark, mended if out of range
 
     def mend(self, eid: int, name: str, value: int | float, why: str) -> None:
@@ -274,7 +274,7 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
             survey.problems.append(
                 f"header {name} is damaged (repair writes back this process's copy)"
             )
-            survey.fixed.append(name)
+            survey.fixed[name] = expected[name]
 
 
 def _new_header(parts: Parts) -> np.ndarray:
@@ -387,9 +387,8 @@ def rebuild(parts: Parts) -> None:
         v.entries[name][eid] = value
     for name, word in survey.header.items():
         h[getattr(H, name)] = word
-    new = _new_header(parts)
-    for name in survey.fixed:
-        v.header[name] = new[name]
+    for name, stored in survey.fixed.items():
+        v.header[name] = stored
     if not 0 <= h[H.next_fresh_entry] <= v.geometry.max_entries:
         h[H.next_fresh_entry] = v.geometry.max_entries
     parts.entries.rebuild(survey.keep)

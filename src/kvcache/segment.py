@@ -23,7 +23,6 @@ import contextlib
 import errno
 import mmap
 import os
-import pwd
 import re
 import resource
 import secrets
@@ -353,10 +352,8 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
 
 def _owner_of(path: Path) -> str:
     """`` (NAME)``: who owns ``path``, for a message; empty if that cannot be told."""
-    try:
-        return f" ({owners.user_name(path.stat().st_uid)})"
-    except OSError:
-        return ""
+    owner = owners.owner_name(path)
+    return "" if owner is None else f" ({owner})"
 
 
 def unlink(name: str) -> None:
@@ -405,10 +402,7 @@ def _refuse_if_not_owner(path: Path, action: str, denied: PermissionError) -> No
         return
     if uid == os.geteuid():
         return
-    try:
-        owner = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        owner = str(uid)
+    owner = owners.user_name(uid)
     raise NotOwnerError(
         f"cannot {action}: it belongs to user {owner} (uid {uid}), and only its owner or "
         f"root may remove or replace it: ask {owner}, or use another pool name"

@@ -17,7 +17,7 @@ import xxhash
 
 from . import codec
 from .allocator import Run
-from .errors import CorruptPoolError
+from .errors import corrupt
 
 
 def slices(
@@ -30,7 +30,7 @@ def slices(
             with a negative bound would wrap around to the end of the pool.
     """
     if start < 0 or length < 0:
-        raise CorruptPoolError("an entry's lengths are damaged: run cortex cache health --repair")
+        raise corrupt("an entry's lengths are damaged")
     views: list[memoryview] = []
     for first, count in runs:
         run_bytes = count * page_size

@@ -143,7 +143,7 @@ def _describe_pool(
     except KVCacheError as exc:
         if isinstance(exc, PoolNotFoundError) and not path.exists():
             return None  # destroyed since it was listed (another user's pool is still shown)
-        doc: dict[str, object] = {"name": name, "error": str(exc), "owner": _owner(path)}
+        doc: dict[str, object] = {"name": name, "error": str(exc), "owner": owners.owner_name(path)}
         shown = "untrusted" if isinstance(exc, UntrustedOwnerError) else "unreadable"
         return doc, (name, "-", "-", "-", "-", shown, "-")
     row = (
@@ -363,13 +363,6 @@ COMMANDS = {
 def _trust(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--trust-owner``/``--trust-group`` options as keyword arguments of the API."""
     return {"trust_owner": args.trust_owner, "trust_group": args.trust_group}
-
-
-def _owner(path: Path) -> str | None:
-    try:
-        return owners.user_name(path.stat().st_uid)
-    except OSError:
-        return None
 
 
 def _octal_mode(text: str) -> int:
