@@ -46,14 +46,26 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 2
-"""2 (after 1, the first): entries name their writer by process slot (not pid) and carry
-a checksum over their flags, lengths and bytes, and wall-clock times; the header's
-``retired`` word tells attached processes the pool was destroyed or replaced."""
+FORMAT_VERSION = 3
+"""3: the header names a lower pool (``spill_to``, with its ``promote`` mode), counts
+spills and promotions, and says whether the last process closed the pool cleanly.
+2: entries name their writer by process slot (not pid) and carry a checksum over
+their flags, lengths and bytes, and wall-clock times; the header's ``retired`` word
+tells attached processes the pool was destroyed or replaced. 1 was the first."""
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
-COUNTERS = ("hits", "misses", "puts", "evictions", "expirations", "repairs", "damaged")
+COUNTERS = (
+    "hits",
+    "misses",
+    "puts",
+    "evictions",
+    "expirations",
+    "repairs",
+    "damaged",
+    "spills",
+    "promotions",
+)
 """The header's event counters (``Pool.stats`` reports them; repair resets any out of range)."""
 
 HEADER_DTYPE = np.dtype(
@@ -79,6 +91,9 @@ HEADER_DTYPE = np.dtype(
         ("eviction_samples", "<i8"),
         ("lfu_half_life", "<i8"),
         ("created_at", "<f8"),
+        # the chain: set at create, followed by every process that opens the pool
+        ("spill_to", "S104"),  # name of the lower pool evicted entries move to; empty = none
+        ("promote", "<i8"),  # PROMOTE_ON_HIT or PROMOTE_NEVER: what a hit below does
         # mutable state, changed only under the pool lock
         ("dirty", "<i8"),  # 1 while a holder mutates: set means it died mid-way
         ("clock", "<i8"),  # logical clock: one tick per put and per hit
@@ -100,6 +115,9 @@ HEADER_DTYPE = np.dtype(
         ("repairs", "<i8"),
         ("damaged", "<i8"),  # entries dropped because their bytes no longer matched their sum
         ("retired", "<i8"),  # LIVE, or DESTROYED / REPLACED once the file lost its name
+        ("spills", "<i8"),  # entries this pool's evictions moved to its lower pool
+        ("promotions", "<i8"),  # entries a hit below moved up into this pool
+        ("clean", "<i8"),  # 1 once the last process closed it after a flush; 0 while open
     ]
 )
 
@@ -142,6 +160,7 @@ PROC_DTYPE = np.dtype(
 
 FREE, WRITING, READY = 0, 1, 2
 LIVE, DESTROYED, REPLACED = 0, 1, 2  # header "retired": set under the lock, never cleared
+PROMOTE_ON_HIT, PROMOTE_NEVER = 0, 1  # header "promote"
 KEY_IS_STR = 1  # entry flags
 VALUE_IS_ARRAY = 2
 KNOWN_FLAGS = KEY_IS_STR | VALUE_IS_ARRAY
@@ -276,10 +295,19 @@ class Views:
 
 
 def write_header(
-    buffer: mmap.mmap, config: PoolConfig, geometry: Geometry, now_s: float, reserved_pages: int
+    buffer: mmap.mmap,
+    config: PoolConfig,
+    geometry: Geometry,
+    now_s: float,
+    reserved_pages: int,
+    *,
+    spill_to: str = "",
+    promote: int = PROMOTE_ON_HIT,
 ) -> None:
     """Initialise a new segment's header; the magic goes in last."""
     header = np.ndarray((), HEADER_DTYPE, buffer=buffer, offset=0)
+    header["spill_to"] = spill_to.encode()
+    header["promote"] = promote
     for name in Geometry.__dataclass_fields__:
         header[name] = getattr(geometry, name)
     header["policy"] = config.policy.encode()

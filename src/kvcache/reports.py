@@ -30,6 +30,8 @@ class PoolStats:
     expirations: int
     repairs: int
     damaged: int  # entries dropped because their bytes no longer matched their checksum
+    spills: int  # entries evictions moved to the lower pool
+    promotions: int  # entries a hit below moved up into this pool
     attached: tuple[int, ...]  # pids of live processes with the pool open, in this PID namespace
     num_attached: int  # live processes with the pool open, in every PID namespace
 
