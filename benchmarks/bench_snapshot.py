@@ -19,7 +19,7 @@ Method
   folder (default: a new folder under /tmp); the table names the mount, its
   device and its filesystem type.
 * Write baseline: one ``os.write`` of the same number of bytes from memory into
-  a new file, then ``fsync``. Persist: ``pool.persist(path)``, which writes a
+  a new file, then ``fsync``. Persist: ``kvcache.persist(pool, path)``, which writes a
   temporary file entry by entry, fsyncs it, renames it and fsyncs the folder.
   Old files are removed (untimed) before each write so neither overwrites.
 * Read baseline: a sequential ``readinto`` of the baseline file into a freshly
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"folder:      {folder}")
         print(f"filesystem:  {mount_of(folder)}")
         print(f"pool:        {num_values} values x {VALUE_BYTES >> 20} MiB, page size 64 KiB")
-        pool.persist(snapshot)  # untimed: learn the size, warm up the filesystem
+        kvcache.persist(pool, snapshot)  # untimed: learn the size, warm up the filesystem
         nbytes = kvcache.inspect_snapshot(snapshot).data_bytes
         cold = not args.no_drop_caches
         for repeat in range(-1, args.repeats):  # round -1 warms up and is not counted

@@ -70,7 +70,7 @@ def test_persist_keeps_the_pool_sums_so_restore_skips_damage(make_pool: Maker, t
     pool.put("good", b"g" * 5000)
     pool.put("bad", b"b" * 5000)
     _damage(pool, "bad", at=10)
-    path = pool.persist(tmp_path / "snap.kvsnap")
+    path = kvcache.persist(pool, tmp_path / "snap.kvsnap")
     restored, report = kvcache.restore_with_report(pool.name + "-r", path)
     try:
         assert restored.get("good") == b"g" * 5000

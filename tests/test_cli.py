@@ -619,7 +619,7 @@ def _foreign_pool_and_snapshot(folder: Path) -> tuple[str, Path] | tuple[None, N
     def make() -> int:
         with kvcache.create(name, "1M", mode=0o666, force=True) as pool:
             pool.put("planted", b"v")
-            pool.persist(snapshot)
+            kvcache.persist(pool, snapshot)
         return 0
 
     assert run_as_nobody(make)[0] == 0

@@ -128,7 +128,7 @@ def test_bug_restore_replace_with_processes_attached_succeeded_silently(
 ) -> None:
     with kvcache.create(pool_name, "1M") as pool:
         pool.put("k", b"snapshot")
-        snapshot = str(pool.persist(tmp_path / "s.kvsnap"))
+        snapshot = str(kvcache.persist(pool, tmp_path / "s.kvsnap"))
         pool.put("k", b"live")
     proc = holder()
     refused = cortex("restore", pool_name, "--path", snapshot, "--replace")

@@ -289,7 +289,7 @@ def test_restore_that_does_not_fit_is_refused_before_building(
     rng = np.random.default_rng(1)
     for i in range(40):
         pool.put(f"k{i}", rng.bytes(M))
-    snapshot = pool.persist(tmp_path / "pool.kvsnap")
+    snapshot = kvcache.persist(pool, tmp_path / "pool.kvsnap")
     shm = mount_tmpfs("64m")
     (shm / "filler").write_bytes(bytes(30 * M))
     monkeypatch.setenv("KVCACHE_SHM_DIR", str(shm))
@@ -385,7 +385,7 @@ def test_a_restore_that_runs_out_of_memory_midway_fails_rather_than_evict(
     pool = make_pool("32M", page_size="64K")
     for i in range(20):
         pool.put(f"k{i}", bytes([i]) * M)
-    snapshot = pool.persist(tmp_path / "pool.kvsnap")
+    snapshot = kvcache.persist(pool, tmp_path / "pool.kvsnap")
     shm = mount_tmpfs("64m")
     _fill_but(shm, 22 * M)
     monkeypatch.setenv("KVCACHE_SHM_DIR", str(shm))

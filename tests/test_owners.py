@@ -50,7 +50,7 @@ def _as_nobody_make(name: str, snapshot: Path | None, gid: int = NOBODY) -> None
         with kvcache.create(name, "1M", mode=0o666, force=True) as pool:
             pool.put("planted", b"the squatter's value")
             if snapshot is not None:
-                pool.persist(snapshot)
+                kvcache.persist(pool, snapshot)
         return 0
 
     code, _, stderr = run_as_nobody(make, gid)

@@ -479,7 +479,7 @@ def test_regression_restore_replacing_another_users_pool_raised_permission_error
         folder = Path(tempfile.mkdtemp())  # nobody's own, in /tmp
         with kvcache.create(f"{pool_name}-nobody", "1M") as own:
             own.put("k", b"nobody's")
-            snapshot = own.persist(folder / "own.kvsnap")
+            snapshot = kvcache.persist(own, folder / "own.kvsnap")
         kvcache.destroy(f"{pool_name}-nobody")
         try:
             kvcache.restore(pool_name, snapshot, replace=True)

@@ -172,7 +172,7 @@ def test_round_trip_restores_values_metadata_and_eviction_order(
 ):
     original = make_pool("8M", page_size=page_size, policy=policy, clock=clock)
     values = fill_varied(original, np.random.default_rng(len(policy)))
-    path = original.persist(tmp_path / "pool.kvsnap")
+    path = kvcache.persist(original, tmp_path / "pool.kvsnap")
     name = pools.name()
 
     restored, report = kvcache.restore_with_report(name, path, clock=clock)
@@ -221,7 +221,7 @@ def test_restored_pool_evicts_like_the_original_from_then_on(
     for _ in range(25):  # ticks the logical clock without leaving entries behind
         original.put("transient", b"t")
         original.delete("transient")
-    path = original.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(original, tmp_path / "s.kvsnap")
     restored = pools.keep(kvcache.restore_with_report(pools.name(), path, clock=clock)[0])
 
     for step in range(120):
@@ -264,7 +264,7 @@ def test_bug_logical_clock_not_restored_changed_lfu_evictions(make_pool, pools, 
     for _ in range(40):
         original.put("transient", b"t")
         original.delete("transient")
-    path = original.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(original, tmp_path / "s.kvsnap")
     restored = pools.keep(kvcache.restore(pools.name(), path))
     assert logical_clock(restored) == logical_clock(original) == 61
     for key in "BCDE":  # the fourth put evicts one entry
@@ -276,7 +276,7 @@ def test_bug_logical_clock_not_restored_changed_lfu_evictions(make_pool, pools, 
 
 def test_empty_pool_round_trips(make_pool, pools, tmp_path):
     original = make_pool("1M", page_size="4K", policy="fifo")
-    path = original.persist(tmp_path / "empty.kvsnap")
+    path = kvcache.persist(original, tmp_path / "empty.kvsnap")
     info = kvcache.inspect_snapshot(path)
     assert (info.num_entries, info.data_bytes) == (0, 0)
     restored, report = kvcache.restore_with_report(pools.name(), path)
@@ -301,7 +301,7 @@ def test_config_survives_and_inspect_reports_it(make_pool, pools, clock, tmp_pat
     original.put("a", b"1" * 10)
     original.put(b"b", np.arange(10, dtype=np.int32))
     before = time.time()
-    path = original.persist(tmp_path / "cfg.kvsnap")
+    path = kvcache.persist(original, tmp_path / "cfg.kvsnap")
 
     info = kvcache.inspect_snapshot(path)
     assert info.name == original.name
@@ -352,7 +352,7 @@ def test_a_version_1_snapshot_of_the_previous_release_restores(pools, tmp_path):
     assert {key: entries[key].priority for key in made.PRIORITIES} == made.PRIORITIES
     assert entries["array"].frequency > 1  # its hits before the snapshot
     assert restored.check() == []  # the sums were converted, not copied
-    again = kvcache.inspect_snapshot(restored.persist(tmp_path / "again.kvsnap"))
+    again = kvcache.inspect_snapshot(kvcache.persist(restored, tmp_path / "again.kvsnap"))
     assert again.format_version == FORMAT_VERSION == 2
 
 
@@ -376,7 +376,7 @@ def test_entries_that_expired_while_down_are_not_restored(make_pool, pools, cloc
     original.put("long", b"3", ttl=10_000)
     original.put("forever", b"4")
     clock.advance(10)  # the first one expires before the snapshot is taken
-    path = original.persist(tmp_path / "ttl.kvsnap")
+    path = kvcache.persist(original, tmp_path / "ttl.kvsnap")
     assert kvcache.inspect_snapshot(path).num_entries == 4
     expected_long = entry_fields(original)[b"long"]
 
@@ -410,7 +410,7 @@ def test_smaller_pool_keeps_the_entries_the_policy_ranks_last(
         original.get(f"k{int(rng.integers(32))}")
     ranking = victim_order(original)
     fields = entry_fields(original)
-    path = original.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(original, tmp_path / "s.kvsnap")
 
     restored, report = kvcache.restore_with_report(pools.name(), path, size="12K", clock=clock)
     pools.keep(restored)
@@ -435,7 +435,7 @@ def test_smaller_pool_lru_keeps_the_most_recently_used(make_pool, pools, tmp_pat
     touched = [3, 14, 0, 9, 7, 1]  # the most recently used, newest last
     for i in touched:
         original.get(f"k{i}")
-    path = original.persist(tmp_path / "lru.kvsnap")
+    path = kvcache.persist(original, tmp_path / "lru.kvsnap")
     restored, report = kvcache.restore_with_report(pools.name(), path, size="4K")
     pools.keep(restored)
     assert sorted(restored.keys()) == sorted(f"k{i}" for i in touched[-4:])
@@ -450,7 +450,7 @@ def test_smaller_pool_priority_keeps_the_highest_priorities(make_pool, pools, tm
     priorities = [5, 90, -3, 42, 17, 88, 0, 61, 33, 7, 99, 12, 70, 2, 55, 1]
     for priority in priorities:
         original.put(f"p{priority}", b"v" * 700, priority=priority)
-    path = original.persist(tmp_path / "prio.kvsnap")
+    path = kvcache.persist(original, tmp_path / "prio.kvsnap")
     restored, report = kvcache.restore_with_report(pools.name(), path, size="5K")
     pools.keep(restored)
     assert sorted(restored.keys()) == sorted(f"p{p}" for p in sorted(priorities)[-5:])
@@ -464,7 +464,7 @@ def test_smaller_pool_size_policy_keeps_small_entries_and_counts_expired_apart(
     for pages in range(1, 9):  # entries of 1..8 pages: 36 pages
         original.put(f"p{pages}", b"s" * (pages * 1024 - 10))
     original.put("expiring", b"e", ttl=30)
-    path = original.persist(tmp_path / "size.kvsnap")
+    path = kvcache.persist(original, tmp_path / "size.kvsnap")
     clock.advance(60)
     restored, report = kvcache.restore_with_report(pools.name(), path, size="10K", clock=clock)
     pools.keep(restored)
@@ -476,7 +476,7 @@ def test_larger_pool_restores_everything_and_has_room(make_pool, pools, tmp_path
     original = make_pool("16K", page_size="1K", policy="lru", max_entries=12)
     for i in range(10):
         original.put(f"k{i}", bytes([i]) * 1000)
-    path = original.persist(tmp_path / "grow.kvsnap")
+    path = kvcache.persist(original, tmp_path / "grow.kvsnap")
     restored, report = kvcache.restore_with_report(pools.name(), path, size="64K")
     pools.keep(restored)
     assert (report.num_restored, report.num_dropped) == (10, 0)
@@ -504,7 +504,7 @@ def test_default_path_honours_kvcache_home_with_private_modes(
     monkeypatch.setenv("KVCACHE_HOME", str(home))
     pool = make_pool("1M", page_size="4K")
     pool.put("a", b"alpha")
-    path = pool.persist()
+    path = kvcache.persist(pool)
     assert path == home / f"{pool.name}.kvsnap"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
@@ -522,11 +522,11 @@ def test_default_path_without_kvcache_home(make_pool, tmp_path, monkeypatch):
     pool.put("a", b"1")
     monkeypatch.delenv("KVCACHE_HOME", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert pool.persist() == tmp_path / "xdg" / "kvcache" / f"{pool.name}.kvsnap"
+    assert kvcache.persist(pool) == tmp_path / "xdg" / "kvcache" / f"{pool.name}.kvsnap"
     monkeypatch.delenv("XDG_DATA_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     expected = tmp_path / "home" / ".local" / "share" / "kvcache" / f"{pool.name}.kvsnap"
-    assert pool.persist() == expected
+    assert kvcache.persist(pool) == expected
     assert expected.is_file()
 
 
@@ -537,11 +537,11 @@ def test_snapshot_is_0600_and_folder_0700_whatever_the_umask(make_pool, tmp_path
     folder = tmp_path / "snaps"
     old = os.umask(umask)
     try:
-        path = pool.persist(folder / "p.kvsnap")
+        path = kvcache.persist(pool, folder / "p.kvsnap")
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
         os.chmod(path, 0o644)  # a previous snapshot someone loosened ...
-        pool.persist(path)  # ... is replaced by a private one
+        kvcache.persist(pool, path)  # ... is replaced by a private one
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     finally:
         os.umask(old)
@@ -550,10 +550,10 @@ def test_snapshot_is_0600_and_folder_0700_whatever_the_umask(make_pool, tmp_path
 def test_persist_replaces_the_previous_snapshot_whole(make_pool, pools, tmp_path):
     pool = make_pool("1M", page_size="1K")
     pool.put("first", b"1" * 3000)
-    path = pool.persist(tmp_path / "p.kvsnap")
+    path = kvcache.persist(pool, tmp_path / "p.kvsnap")
     pool.delete("first")
     pool.put("second", b"2" * 10)
-    assert pool.persist(path) == path
+    assert kvcache.persist(pool, path) == path
     assert sorted(os.listdir(tmp_path)) == ["p.kvsnap"]
     restored = pools.keep(kvcache.restore(pools.name(), path))
     assert restored.keys() == ["second"]
@@ -564,7 +564,7 @@ def test_restore_onto_existing_pool_without_replace_raises_and_leaves_it(
 ):
     source = pools.keep(kvcache.create(pools.name(), "1M", page_size="4K"))
     source.put("from-snapshot", b"s")
-    path = source.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(source, tmp_path / "s.kvsnap")
     live = make_pool("1M", page_size="1K", policy="fifo")
     live.put("live", b"L" * 5000)
     inode = (SHM / f"kvcache.{live.name}").stat().st_ino
@@ -589,7 +589,7 @@ def test_restore_with_replace_swaps_the_pool_and_old_handles_are_told(make_pool,
     now their next call fails and says to open the pool again."""
     source = pools.keep(kvcache.create(pools.name(), "1M", page_size="4K", policy="lfu"))
     source.put("from-snapshot", b"s" * 100)
-    path = source.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(source, tmp_path / "s.kvsnap")
     live = make_pool("1M", page_size="1K")
     live.put("live", b"L")
 
@@ -612,7 +612,7 @@ def test_bug_restore_lost_a_group_shared_pools_mode(make_pool, pools, tmp_path):
     """A 0660 pool came back 0600, locking its group out; the snapshot keeps the mode now."""
     original = make_pool("1M", mode=0o660)
     original.put("k", b"v")
-    path = original.persist(tmp_path / "group.kvsnap")
+    path = kvcache.persist(original, tmp_path / "group.kvsnap")
     assert kvcache.inspect_snapshot(path).mode == 0o660
     assert kvcache.inspect_snapshot(path).to_dict()["mode"] == "660"
 
@@ -628,7 +628,7 @@ def test_snapshot_without_a_recorded_mode_restores_0600(make_pool, pools, tmp_pa
     """Snapshots of older writers have zero where the mode now is (and still verify)."""
     original = make_pool("1M", mode=0o660)
     original.put("k", b"v")
-    path = original.persist(tmp_path / "old.kvsnap")
+    path = kvcache.persist(original, tmp_path / "old.kvsnap")
     raw = bytearray(path.read_bytes())
     header = np.frombuffer(bytes(raw[: HEADER_DTYPE.itemsize]), HEADER_DTYPE)[0]
     for field in ("mode", "checksum"):
@@ -650,7 +650,7 @@ def test_snapshot_without_a_recorded_mode_restores_0600(make_pool, pools, tmp_pa
 def test_restore_refuses_unsafe_modes_even_with_force(make_pool, pools, tmp_path, mode):
     original = make_pool("1M")
     original.put("k", b"v")
-    path = original.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(original, tmp_path / "s.kvsnap")
     name = pools.name()
     with pytest.raises(InvalidArgument, match="mode"):
         kvcache.restore(name, path, mode=mode, force=True)
@@ -660,7 +660,7 @@ def test_restore_refuses_unsafe_modes_even_with_force(make_pool, pools, tmp_path
 def test_restore_gives_other_users_access_only_with_force(make_pool, pools, tmp_path):
     original = make_pool("1M", mode=0o666, force=True)
     original.put("k", b"v")
-    path = original.persist(tmp_path / "open.kvsnap")
+    path = kvcache.persist(original, tmp_path / "open.kvsnap")
     name = pools.name()
     for mode in (None, 0o644):  # the snapshot's 0666 needs the restorer's consent too
         with pytest.raises(InvalidArgument, match="force"):
@@ -674,7 +674,7 @@ def test_restore_into_a_configuration_of_the_callers_choosing(make_pool, pools, 
     original = make_pool("2M", page_size="4K", policy="lfu")
     for i in range(10):
         original.put(f"k{i}", bytes([i]) * 100)
-    path = original.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(original, tmp_path / "s.kvsnap")
     config = kvcache.PoolConfig.build(
         "1M", page_size="1K", policy="fifo", max_entries=5, default_ttl="1h"
     )
@@ -690,7 +690,7 @@ def test_restore_into_a_configuration_of_the_callers_choosing(make_pool, pools, 
 def test_restore_with_prealloc_reserves_the_whole_pool(make_pool, pools, tmp_path):
     original = make_pool("64M")  # growth reserves 8 MiB at a time: well below 64M
     original.put("k", b"v")
-    path = original.persist(tmp_path / "s.kvsnap")
+    path = kvcache.persist(original, tmp_path / "s.kvsnap")
     lazy, eager = pools.name(), pools.name()
     pools.keep(kvcache.restore(lazy, path))
     pools.keep(kvcache.restore(eager, path, prealloc=True))
@@ -716,7 +716,7 @@ def test_unwritable_destination_is_a_snapshot_error(make_pool, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_bytes(b"not a folder")
     with pytest.raises(SnapshotError, match="cannot create folder"):
-        pool.persist(blocker / "sub" / "p.kvsnap")
+        kvcache.persist(pool, blocker / "sub" / "p.kvsnap")
     assert blocker.read_bytes() == b"not a folder"
 
 
@@ -758,7 +758,9 @@ def test_progress_is_reported_up_to_the_total(make_pool, pools, tmp_path):
     for i in range(20):
         pool.put(f"k{i}", b"x" * (i * 1000))
     written: list[tuple[int, int]] = []
-    path = pool.persist(tmp_path / "p.kvsnap", progress=lambda d, t: written.append((d, t)))
+    path = kvcache.persist(
+        pool, tmp_path / "p.kvsnap", progress=lambda d, t: written.append((d, t))
+    )
     data_bytes = kvcache.inspect_snapshot(path).data_bytes
     assert written[-1] == (data_bytes, data_bytes)
     assert [d for d, _ in written] == sorted(d for d, _ in written)
@@ -775,7 +777,7 @@ import sys
 import kvcache
 pool = kvcache.open(sys.argv[1])
 print("opened", flush=True)
-pool.persist(sys.argv[2])
+kvcache.persist(pool, sys.argv[2])
 print("persisted", flush=True)
 """
 
@@ -786,7 +788,7 @@ def test_process_killed_mid_persist_leaves_the_previous_snapshot(make_pool, pool
     for key, value in previous_values.items():
         pool.put(key, value)
     target = tmp_path / "pool.kvsnap"
-    pool.persist(target)
+    kvcache.persist(pool, target)
     previous = target.read_bytes()
 
     base = np.random.default_rng(3).bytes(1 << 20)
@@ -841,7 +843,7 @@ def test_process_killed_mid_persist_leaves_the_previous_snapshot(make_pool, pool
         # leasing it: pretend the crash was a minute ago)
         for leftover in tmp_path.glob(".*.tmp"):
             _make_old(leftover)
-        pool.persist(target)
+        kvcache.persist(pool, target)
         assert sorted(os.listdir(tmp_path)) == [target.name]
     finally:
         if child.poll() is None:
@@ -873,14 +875,14 @@ def test_full_disk_is_a_clear_error_and_keeps_the_previous_snapshot(
     pool = make_pool("4M", page_size="4K")
     pool.put("small", b"s" * 10_000)
     target = tiny_filesystem / "pool.kvsnap"
-    pool.persist(target)
+    kvcache.persist(pool, target)
     previous = target.read_bytes()
 
     rng = np.random.default_rng(9)
     for i in range(8):  # 1 MiB: cannot fit in 256 KiB
         pool.put(f"big-{i}", rng.bytes(128 << 10))
     with pytest.raises(SnapshotError, match="no space left") as caught:
-        pool.persist(target)
+        kvcache.persist(pool, target)
     assert isinstance(caught.value.__cause__, OSError)
     assert caught.value.__cause__.errno == errno.ENOSPC
 
@@ -912,7 +914,7 @@ def test_a_live_writers_temporary_file_is_left_alone(make_pool, tmp_path):
         dead.write_bytes(b"abandoned")
         for path in (live, dead):
             _make_old(path)
-        pool.persist(target)
+        kvcache.persist(pool, target)
         assert live.exists() and not dead.exists()
     finally:
         os.close(fd)

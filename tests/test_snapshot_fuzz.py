@@ -97,7 +97,7 @@ def take_snapshot(folder: Path, values: dict[str | bytes, object], **create: obj
     try:
         for i, (key, value) in enumerate(values.items()):
             pool.put(key, value, priority=i, ttl=FAR_FUTURE_TTL + i)  # type: ignore[arg-type]
-        path = pool.persist(folder / f"{name}.kvsnap")
+        path = kvcache.persist(pool, folder / f"{name}.kvsnap")
     finally:
         pool.close()
         kvcache.destroy(name)

@@ -36,6 +36,7 @@ Typical use::
     pool.put("prompt-42", kv_bytes, priority=5, ttl=600)
     other = kvcache.open("llama-cache")  # in any process
     other.get("prompt-42")
+    kvcache.persist(pool)                # a snapshot file; kvcache.restore brings it back
 """
 
 from .config import PoolConfig
@@ -63,7 +64,14 @@ from .lifecycle import create, destroy, list_pools, open
 from .pool import Pool
 from .prefix import KVLayout, PrefixCache
 from .reports import EvictionResult, PoolStats
-from .snapshot import RestoreReport, SnapshotInfo, inspect_snapshot, restore, restore_with_report
+from .snapshot import (
+    RestoreReport,
+    SnapshotInfo,
+    inspect_snapshot,
+    persist,
+    restore,
+    restore_with_report,
+)
 from .units import format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -103,6 +111,7 @@ __all__ = [
     "open",
     "parse_duration",
     "parse_size",
+    "persist",
     "restore",
     "restore_with_report",
 ]

@@ -9,15 +9,24 @@ whoever still has it open (``Pool._retire``).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from . import owners, segment
 from .config import PoolConfig
-from .errors import CorruptPoolError, IncompatiblePoolError, PoolBusyError, PoolDestroyedError
-from .layout import DESTROYED, Geometry, read_header, write_header
+from .errors import (
+    CorruptPoolError,
+    IncompatiblePoolError,
+    PoolBusyError,
+    PoolDestroyedError,
+    PoolNotFoundError,
+)
+from .layout import DESTROYED, REPLACED, Geometry, read_header, write_header
 from .pool import Pool
 
 
@@ -96,7 +105,7 @@ def create_from_config(
 
     Args:
         hidden: keep the segment under a hidden name until
-            ``segment.publish(pool._segment, ...)``; a restore fills it first.
+            :func:`publish` (or :func:`discard`); a restore fills it first.
     """
     geometry = Geometry.for_config(config)
 
@@ -237,6 +246,43 @@ def retire(
             if old._retire(how, take_name, force=force):
                 return
     raise PoolBusyError(f"pool '{name}' was replaced again and again meanwhile: try again")
+
+
+def refuse_if_in_use(name: str, **trust: Any) -> None:
+    """Raise PoolBusyError if processes other than this one have pool ``name`` open.
+
+    A name with no pool this kvcache can open behind it is not in use (``publish``
+    tells those cases apart).
+    """
+    gone = (PoolNotFoundError, IncompatiblePoolError, CorruptPoolError)
+    with contextlib.suppress(*gone), open(name, **trust) as old:
+        old._refuse_if_others_attached("replace")
+
+
+def publish(built: Pool, *, replace: bool, force: bool = False, **trust: Any) -> None:
+    """Give a pool made with ``create_from_config(hidden=True)`` its name.
+
+    With ``replace``, an old pool of that name is retired (see :func:`retire`).
+
+    Raises:
+        PoolExistsError: the name is taken and ``replace`` is False.
+        PoolBusyError, UntrustedOwnerError, NotOwnerError: see :func:`retire`.
+    """
+    seg = built._segment
+    if not replace:
+        segment.publish(seg, replace=False)
+        return
+    try:
+        retire(seg.name, REPLACED, lambda: segment.publish(seg, replace=True), force=force, **trust)
+    except PoolNotFoundError:
+        if os.path.lexists(segment.segment_path(seg.name)):
+            raise  # a file this process may not open: another user's pool
+        segment.publish(seg, replace=True)  # nothing to replace (any more)
+
+
+def discard(built: Pool) -> None:
+    """Remove the hidden file of a pool made with ``hidden=True`` and never published."""
+    built._segment.path.unlink(missing_ok=True)
 
 
 def list_pools() -> list[str]:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple, TypeVar, overload
 
@@ -67,6 +67,7 @@ from .mapping import READ_ATTEMPTS, Default, MappingMixin, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .reports import EntryInfo, PoolStats
+from .stored import EntryRef, StoredEntry
 from .units import parse_duration, whole_number
 
 INLINE_COPY_MAX_BYTES = 64 << 10
@@ -203,12 +204,7 @@ class Pool(EvictionMixin, MappingMixin):
         ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
         expires_at = self._clock() + ttl_s if ttl_s else math.inf
         total = len(key_bytes) + len(encoded.header) + encoded.payload.nbytes
-        num_pages = -(-total // self._page_size)
-        if num_pages > self._num_pages:
-            raise ValueTooLargeError(
-                f"key and value need {total} bytes but pool '{self.name}' holds "
-                f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
-            )
+        self._refuse_too_large(total)
         pieces = (key_bytes, encoded.header, encoded.payload)
         flags |= VALUE_IS_ARRAY if encoded.is_array else 0
         # Summed from the caller's bytes before the lock is taken, so no lock hold
@@ -231,6 +227,13 @@ class Pool(EvictionMixin, MappingMixin):
             fill,
             under_lock=total <= INLINE_COPY_MAX_BYTES,
         )
+
+    def _refuse_too_large(self, num_bytes: int) -> None:
+        if num_bytes > self._num_pages * self._page_size:
+            raise ValueTooLargeError(
+                f"key and value need {num_bytes} bytes but pool '{self.name}' holds "
+                f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
+            )
 
     def __setitem__(self, key: Key, value: Value) -> None:
         self.put(key, value)
@@ -411,21 +414,6 @@ class Pool(EvictionMixin, MappingMixin):
                 self._drop_damaged(eid)
             return key
 
-    @reports_damage
-    def persist(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> Path:
-        """Write a snapshot of this pool (see :func:`kvcache.snapshot.persist`); return its path.
-
-        Raises:
-            SnapshotError: the file cannot be written; any previous snapshot is kept.
-        """
-        from .snapshot import persist  # the snapshot layer sits above the pool
-
-        return persist(self, path, progress)
-
     # -------------------------------------------------------------- lifecycle
 
     def close(self) -> None:
@@ -558,6 +546,7 @@ class Pool(EvictionMixin, MappingMixin):
         *,
         history: History | None = None,
         under_lock: bool = False,
+        replace: bool = True,
         evict_within_reserved: bool = True,
     ) -> bool:
         """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused.
@@ -568,8 +557,9 @@ class Pool(EvictionMixin, MappingMixin):
         With ``under_lock`` (small values) it all happens in one lock hold.
         Otherwise the entry waits in state WRITING, invisible to readers and
         safe from eviction, while ``fill`` copies without the lock.
-        ``history`` restores a snapshot entry's policy metadata;
-        ``evict_within_reserved`` is ``_reserve``'s.
+        ``history`` restores a snapshot entry's policy metadata; without
+        ``replace`` an entry of the same key that appeared meanwhile stays (and
+        this one is dropped); ``evict_within_reserved`` is ``_reserve``'s.
         """
         try:
             num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
@@ -592,7 +582,7 @@ class Pool(EvictionMixin, MappingMixin):
                     except BaseException:
                         self._free_entry(eid)
                         raise
-                    return self._finish(eid, checksum, history)
+                    return self._finish(eid, checksum, history, replace)
             try:
                 checksum = fill(targets)
             except BaseException:
@@ -606,12 +596,14 @@ class Pool(EvictionMixin, MappingMixin):
                         f"an entry of pool '{self.name}' was reclaimed while this live process "
                         f"wrote it: {REPAIR_ADVICE}"
                     )
-                return self._finish(eid, checksum, history)
+                return self._finish(eid, checksum, history, replace)
         except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
             raise_as_damage(self.name, exc)
 
-    def _finish(self, eid: int, checksum: int | None, history: History | None) -> bool:
-        if checksum is None:
+    def _finish(
+        self, eid: int, checksum: int | None, history: History | None, replace: bool
+    ) -> bool:
+        if checksum is None or not (replace or self._find(bytes(self._key_view(eid))) < 0):
             self._free_entry(eid)
             return False
         self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
@@ -814,31 +806,100 @@ class Pool(EvictionMixin, MappingMixin):
         self._allocator.free(q[base + E.first_page], q[base + E.last_page], q[base + E.num_pages])
         self._entries.release(eid)
 
-    # ------------------------------------ hooks for kvcache.snapshot (take the lock)
+    # ------------- whole entries, for snapshots and tiers (see kvcache.stored; take the lock)
 
-    def _snapshot_table(self) -> tuple[int, np.ndarray, np.ndarray]:
-        """The logical clock, and ids and record copies of live, unexpired entries."""
+    @reports_damage
+    def live_entries(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """The logical clock, and the ids and record copies (``layout.ENTRY_DTYPE``) of
+        the live, unexpired entries; ``EntryRef(id, record["generation"])`` names one."""
         with self._lock:
             ids, records = self._live_records()
             return self._hq[H.clock], ids, records
 
-    def _entry_views(self, eid: int, generation: int) -> list[memoryview] | None:
-        """Views of an entry's bytes (key | header | payload) if it is still that READY entry."""
+    @reports_damage
+    def read_entry(self, ref: EntryRef) -> tuple[StoredEntry, list[memoryview]] | None:
+        """The metadata of entry ``ref`` and views of its bytes (key | value header |
+        payload), or None if it is no longer that READY entry.
+
+        The views are read without the lock: whatever was copied from them counts
+        only if :meth:`confirm` says so afterwards.
+        """
         with self._lock:
-            base = eid * ENTRY_WORDS
-            if self._eq[base + E.generation] != generation or self._eq[base + E.state] != READY:
+            if not self._is_ready(*ref):
                 return None
-            return self._entry_slices(eid)
+            base = ref.eid * ENTRY_WORDS
+            checksum = transfer.from_word(self._eq[base + E.checksum])
+            record = self._views.entries[ref.eid]
+            entry = StoredEntry.from_record(bytes(self._key_view(ref.eid)), record, checksum)
+            return entry, self._entry_slices(ref.eid)
 
-    def _is_current(self, eid: int, generation: int) -> bool:
-        """Whether entry ``eid`` is unchanged since ``generation`` was read."""
+    @reports_damage
+    def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
+        """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s.
+
+        False if the entry changed meanwhile; with ``verify_reads``, also if its
+        bytes fail their checksum (summed here, without the lock), in which case
+        the damaged entry is dropped and counted.
+        """
+        intact = not self.verify_reads or entry.checksum == transfer.checksum(
+            views, entry.flags, len(entry.key), entry.header_len, entry.value_len
+        )
         with self._lock:
-            return self._eq[eid * ENTRY_WORDS + E.generation] == generation
+            if not self._is_ready(*ref):
+                return False
+            if not intact:
+                self._drop_damaged(ref.eid)
+            return intact
 
-    def _set_clock(self, clock: int) -> None:
+    def write_entry(
+        self,
+        entry: StoredEntry,
+        fill: Callable[[list[memoryview]], int | None],
+        *,
+        keep_history: bool = False,
+        replace: bool = True,
+        evict_within_reserved: bool = True,
+    ) -> bool:
+        """Store ``entry``, whose bytes ``fill`` copies into the views it is given.
+
+        ``fill`` runs without this pool's lock and returns the checksum to publish
+        (``entry.checksum`` for an intact copy), or None to refuse the entry.
+        Returns whether the entry was published.
+
+        Args:
+            keep_history: keep ``entry``'s policy history (a restore on the
+                snapshot's clock) rather than starting it afresh.
+            replace: replace an entry of the same key; False leaves one that
+                appeared meanwhile in place (a promotion never overwrites a newer put).
+            evict_within_reserved: see ``_reserve``.
+
+        Raises:
+            ValueTooLargeError: the entry is larger than the whole pool.
+        """
+        self._refuse_too_large(entry.num_bytes)
+        return self._store(
+            entry.key,
+            entry.flags,
+            entry.header_len,
+            entry.value_len,
+            entry.priority,
+            entry.expires_at,
+            fill,
+            history=(entry.created, entry.last_access, entry.freq) if keep_history else None,
+            replace=replace,
+            evict_within_reserved=evict_within_reserved,
+        )
+
+    @reports_damage
+    def set_clock(self, clock: int) -> None:
         """Set the logical clock (a restore puts back the snapshot's)."""
         with self._lock:
             self._hq[H.clock] = clock
+
+    @property
+    def mode(self) -> int:
+        """The pool file's permission bits."""
+        return stat.S_IMODE(os.fstat(self._segment.fd).st_mode)
 
     def _recovery_parts(self) -> recovery.Parts:
         return recovery.Parts(

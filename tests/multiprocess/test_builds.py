@@ -43,7 +43,7 @@ import kvcache
 def hang(done, total):
     print("ready", flush=True)
     time.sleep(3600)
-kvcache.open(sys.argv[1]).persist(sys.argv[2], progress=hang)
+kvcache.persist(kvcache.open(sys.argv[1]), sys.argv[2], progress=hang)
 """
 
 CHILD_CREATE = """
@@ -108,7 +108,7 @@ def test_a_killed_restore_leaves_nothing_after_the_next_list(
     pool = make_pool("8M", page_size="4K")
     for i in range(20):
         pool.put(f"k{i}", bytes([i]) * 5000)
-    snapshot = pool.persist(tmp_path / "pool.kvsnap")
+    snapshot = kvcache.persist(pool, tmp_path / "pool.kvsnap")
     target = f"{pool_name}-restored"
     child = _start(children, CHILD_RESTORE_AND_HANG, target, str(snapshot), own_pids=True)
     try:
@@ -167,11 +167,11 @@ def test_a_live_persists_temporary_file_survives_another_persist(make_pool, tmp_
     temps = sorted(tmp_path.glob(".pool.kvsnap.*.tmp"))
     assert len(temps) == 1
     _make_old(temps)
-    pool.persist(target)
+    kvcache.persist(pool, target)
     assert sorted(tmp_path.glob(".pool.kvsnap.*.tmp")) == temps, "a live writer's file went"
 
     _kill(child)
-    pool.persist(target)
+    kvcache.persist(pool, target)
     assert sorted(os.listdir(tmp_path)) == [target.name]
     assert kvcache.inspect_snapshot(target).num_entries == 1
 

@@ -63,7 +63,7 @@ def test_bug_destroy_while_attached_succeeded_silently(pool_name: str) -> None:
 def test_bug_restore_replace_while_attached_lost_their_work(pool_name: str, tmp_path) -> None:
     with kvcache.create(pool_name, "1M") as pool:
         pool.put("in-snapshot", b"1")
-        snapshot = pool.persist(tmp_path / "s.kvsnap")
+        snapshot = kvcache.persist(pool, tmp_path / "s.kvsnap")
         pool.put("after-persist", b"2")
     with Children() as children:
         child = _attached_child(children, pool_name)
@@ -100,7 +100,7 @@ def test_open_racing_a_replace_opens_the_new_pool(pool_name: str, tmp_path, monk
     forced by running the (real) restore right after the first attach."""
     with kvcache.create(pool_name, "1M") as pool:
         pool.put("restored", b"1")
-        snapshot = pool.persist(tmp_path / "s.kvsnap")
+        snapshot = kvcache.persist(pool, tmp_path / "s.kvsnap")
         pool.delete("restored")
         pool.put("replaced", b"2")
     attach = kvcache.segment.attach

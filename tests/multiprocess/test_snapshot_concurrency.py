@@ -189,7 +189,7 @@ def test_persist_while_two_processes_write_gives_whole_entries(
                 seen.append(pool.stats().puts)  # the writers' puts so far
 
             started = time.monotonic()
-            path = pool.persist(tmp_path / f"s{i}.kvsnap", progress=count_puts)
+            path = kvcache.persist(pool, tmp_path / f"s{i}.kvsnap", progress=count_puts)
             windows.append((started, time.monotonic()))
             snapshots.append(path)
             assert len(seen) >= config["min_entries"]

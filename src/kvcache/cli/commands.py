@@ -261,7 +261,7 @@ def persist(args: argparse.Namespace, out: Output) -> dict[str, object]:
     with kvcache.open(args.name, **_trust(args)) as pool:
         start = time.perf_counter()
         with out.progress(f"persisting {args.name}") as progress:
-            path = pool.persist(args.path, progress)
+            path = kvcache.persist(pool, args.path, progress)
         elapsed = time.perf_counter() - start
     info = kvcache.inspect_snapshot(path)
     out.line(

@@ -16,7 +16,6 @@ lost its name (and it is refused while there are any, unless forced).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import time
@@ -24,25 +23,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from .. import memory, owners, segment
 from ..config import PoolConfig
 from ..errors import (
-    CorruptPoolError,
-    IncompatiblePoolError,
     InvalidArgument,
     PoolExistsError,
-    PoolNotFoundError,
     SnapshotError,
 )
-from ..layout import ENTRY_DTYPE, REPLACED
-from ..lifecycle import create_from_config, retire
+from ..layout import ENTRY_DTYPE
+from ..lifecycle import create_from_config, discard, publish, refuse_if_in_use
 from ..lifecycle import open as open_pool
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
+from ..stored import EntryRef, StoredEntry
 from ..units import parse_size
 from . import files
 from .format import (
@@ -128,8 +124,8 @@ def persist(
         SnapshotError: the file cannot be written (the previous one is kept).
     """
     target = Path(path) if path is not None else files.default_path(pool.name)
-    clock, ids, entries = pool._snapshot_table()
-    mode = stat.S_IMODE(os.fstat(pool._segment.fd).st_mode)
+    clock, ids, entries = pool.live_entries()
+    mode = pool.mode
     total = int((entries["key_len"] + entries["header_len"] + entries["value_len"]).sum())
     created_at = time.time()
 
@@ -141,11 +137,13 @@ def persist(
         for index, (eid, generation) in enumerate(
             zip(ids.tolist(), entries["generation"].tolist(), strict=True)
         ):
-            views = pool._entry_views(eid, generation)
-            if views is None:
+            ref = EntryRef(eid, generation)
+            read = pool.read_entry(ref)
+            if read is None:
                 continue  # evicted or replaced since the table was read
+            entry, views = read
             files.write_all(fd, views)
-            if not pool._is_current(eid, generation):
+            if not pool.confirm(ref, entry, views):
                 os.lseek(fd, HEADER_BYTES + offset, os.SEEK_SET)  # overwrite it with the next
                 continue
             kept.append(index)
@@ -279,7 +277,7 @@ def restore_with_report(
             f"pool '{name}' already exists: restore with replace=True, or destroy it first"
         )
     if replace and not force:
-        _refuse_if_in_use(name, **trust)  # now, rather than after reading the whole snapshot
+        refuse_if_in_use(name, **trust)  # now, rather than after reading the whole snapshot
     with _Reader(source, owners.Trust.build(trust_owner, trust_group)) as reader:
         mode = segment.check_mode(reader.mode if mode is None else mode, force=force)
         if config is None:
@@ -307,16 +305,15 @@ def restore_with_report(
         builder = create_from_config(
             name, config, mode=mode, prealloc=prealloc, clock=clock, hidden=True
         )
-        seg = builder._segment
         try:
             skipped = _load(reader, builder, records, chosen, progress)
             # Restoring ticked the clock once per entry; policies measure age
             # against it (LFU decays by it), so set it back to the snapshot's
             # (which every restored entry's clock values are within).
-            builder._set_clock(snapshot_clock)
-            _publish(seg, replace=replace, force=force, **trust)
+            builder.set_clock(snapshot_clock)
+            publish(builder, replace=replace, force=force, **trust)
         except BaseException:
-            seg.path.unlink(missing_ok=True)
+            discard(builder)
             raise
         finally:
             builder.close()
@@ -327,26 +324,6 @@ def restore_with_report(
         skipped=nonsense + skipped,
     )
     return open_pool(name, clock=clock), report
-
-
-def _refuse_if_in_use(name: str, **trust: Any) -> None:
-    """Raise PoolBusyError if processes other than this one have pool ``name`` open."""
-    gone = (PoolNotFoundError, IncompatiblePoolError, CorruptPoolError)  # _publish tells apart
-    with contextlib.suppress(*gone), open_pool(name, **trust) as old:
-        old._refuse_if_others_attached("replace")
-
-
-def _publish(seg: segment.Segment, *, replace: bool, force: bool, **trust: Any) -> None:
-    """Give the restored segment its name; an old pool of that name is retired."""
-    if not replace:
-        segment.publish(seg, replace=False)
-        return
-    try:
-        retire(seg.name, REPLACED, lambda: segment.publish(seg, replace=True), force=force, **trust)
-    except PoolNotFoundError:
-        if os.path.lexists(segment.segment_path(seg.name)):
-            raise  # a file this process may not open: another user's pool
-        segment.publish(seg, replace=True)  # nothing to replace (any more)
 
 
 def replace_size(config: PoolConfig, size_bytes: int) -> PoolConfig:
@@ -420,15 +397,11 @@ def _load_entry(reader: _Reader, pool: Pool, record: np.void) -> str | None:
         # A version-1 sum covers the bytes only: the pool keeps today's kind.
         return pool_checksum(record, views) if version == 1 else int(record["checksum"])
 
-    restored = pool._store(
-        head[:key_len],
-        int(record["flags"]),
-        int(record["header_len"]),
-        int(record["value_len"]),
-        int(record["priority"]),
-        float(record["expires_at"]),
+    entry = StoredEntry.from_record(head[:key_len], record, int(record["checksum"]))
+    restored = pool.write_entry(
+        entry,
         fill,
-        history=(int(record["created"]), int(record["last_access"]), float(record["freq"])),
+        keep_history=True,
         evict_within_reserved=False,  # run short of memory: fail, never drop what was read
     )
     return None if restored else "damaged (checksum mismatch)"
