@@ -22,12 +22,23 @@ from .config import PoolConfig
 from .errors import (
     CorruptPoolError,
     IncompatiblePoolError,
+    InvalidArgument,
+    KVCacheError,
     PoolBusyError,
     PoolDestroyedError,
     PoolNotFoundError,
 )
-from .layout import DESTROYED, REPLACED, Geometry, read_header, write_header
+from .layout import (
+    DESTROYED,
+    PROMOTE_NEVER,
+    PROMOTE_ON_HIT,
+    REPLACED,
+    Geometry,
+    read_header,
+    write_header,
+)
 from .pool import Pool
+from .tiers import Below
 
 
 def create(
@@ -44,6 +55,8 @@ def create(
     mode: int = segment.DEFAULT_MODE,
     force: bool = False,
     verify_reads: bool = False,
+    spill_to: str | None = None,
+    promote: str = "hit",
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -61,15 +74,24 @@ def create(
             ``0o660`` shares it with the group; execute bits are refused.
         force: accept a ``mode`` that gives other users access (e.g. ``0o666``).
         verify_reads: this handle checks every value read (see :func:`open`).
+        spill_to: an existing pool that this one's evicted entries move to
+            (see :mod:`kvcache.tiers`); recorded in the pool, so every process
+            that opens it follows the same chain.
+        promote: what a hit in a lower pool does: ``"hit"`` moves the entry up
+            into this pool, ``"never"`` leaves it below.
         clock, rng: injectable time and randomness (tests).
 
     Raises:
+        PoolNotFoundError: ``spill_to`` names no pool.
         PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     segment.validate_name(name)
     segment.check_mode(mode, force=force)
+    promote_word = _promote_word(promote)
+    if spill_to is not None:
+        check_chain(name, spill_to)
     config = PoolConfig.build(
         size,
         page_size=page_size,
@@ -79,15 +101,19 @@ def create(
         eviction_samples=eviction_samples,
         lfu_half_life=lfu_half_life,
     )
-    return create_from_config(
+    pool = create_from_config(
         name,
         config,
         mode=mode,
         prealloc=prealloc,
         verify_reads=verify_reads,
+        spill_to=spill_to or "",
+        promote=promote_word,
         clock=clock,
         rng=rng,
     )
+    _follow_chain(pool, owners.TRUST_SELF, verify_reads, clock, rng, ())
+    return pool
 
 
 def create_from_config(
@@ -97,6 +123,8 @@ def create_from_config(
     mode: int = 0o600,
     prealloc: bool = False,
     verify_reads: bool = False,
+    spill_to: str = "",
+    promote: int = PROMOTE_ON_HIT,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
@@ -104,13 +132,23 @@ def create_from_config(
     """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
 
     Args:
+        spill_to, promote: the chain, written into the header (see :func:`create`;
+            this does not open the lower pool).
         hidden: keep the segment under a hidden name until
             :func:`publish` (or :func:`discard`); a restore fills it first.
     """
     geometry = Geometry.for_config(config)
 
     def initialise(seg: segment.Segment) -> None:
-        write_header(seg.buffer, config, geometry, clock(), geometry.num_pages if prealloc else 0)
+        write_header(
+            seg.buffer,
+            config,
+            geometry,
+            clock(),
+            geometry.num_pages if prealloc else 0,
+            spill_to=spill_to,
+            promote=promote,
+        )
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
     seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden)
@@ -157,12 +195,123 @@ def open(
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     trust = owners.Trust.build(trust_owner, trust_group)
+    return _open_chain(name, trust, verify_reads, clock, rng, ())
+
+
+def _open_chain(
+    name: str,
+    trust: owners.Trust,
+    verify_reads: bool,
+    clock: Callable[[], float],
+    rng: np.random.Generator | None,
+    above: tuple[str, ...],
+) -> Pool:
+    """Open ``name`` and the pools below it; ``above`` are the pools that lead here."""
+    pool = _open_unchained(name, trust, verify_reads, clock, rng)
+    _follow_chain(pool, trust, verify_reads, clock, rng, above)
+    return pool
+
+
+def _open_unchained(
+    name: str,
+    trust: owners.Trust,
+    verify_reads: bool,
+    clock: Callable[[], float],
+    rng: np.random.Generator | None,
+) -> Pool:
     for _ in range(OPEN_ATTEMPTS - 1):
         try:
             return _open_once(name, trust, verify_reads, clock, rng)
         except PoolDestroyedError:
             continue  # swapped between opening the file and locking it: look the name up again
     return _open_once(name, trust, verify_reads, clock, rng)
+
+
+def _follow_chain(
+    pool: Pool,
+    trust: owners.Trust,
+    verify_reads: bool,
+    clock: Callable[[], float],
+    rng: np.random.Generator | None,
+    above: tuple[str, ...],
+) -> None:
+    """Attach the lower pool the header names (opened now, and again if it goes away)."""
+    target = stored_spill_to(pool)
+    if target is None:
+        return
+    chain = (*above, pool.name)
+
+    def open_lower() -> Pool:
+        if target in chain:
+            raise InvalidArgument(
+                f"pools {' -> '.join((*chain, target))} spill to each other in a cycle: "
+                f"destroy '{target}' and create it again without --spill-to"
+            )
+        return _open_chain(target, trust, verify_reads, clock, rng, chain)
+
+    pool._below = Below(target, open_lower)
+
+
+def stored_spill_to(pool: Pool) -> str | None:
+    """The lower pool named in ``pool``'s header, or None (none, or a damaged name)."""
+    raw = pool._views.header["spill_to"].item()
+    if not raw:
+        return None
+    try:
+        return segment.validate_name(raw.decode("ascii"))
+    except (UnicodeDecodeError, InvalidArgument):
+        return None  # damaged: the pool works on alone
+
+
+def _spill_to_of(name: str) -> str | None:
+    """The lower pool named in pool ``name``'s header; None if none or it cannot be opened."""
+    try:
+        with _open_unchained(name, owners.TRUST_SELF, False, time.time, None) as pool:
+            return stored_spill_to(pool)
+    except KVCacheError:
+        return None
+
+
+def check_chain(name: str, spill_to: str) -> None:
+    """Refuse a lower pool ``spill_to`` for ``name`` that is missing or would close a cycle.
+
+    Raises:
+        InvalidArgument: ``spill_to`` is ``name``, or its chain leads back to ``name``.
+        PoolNotFoundError: there is no pool ``spill_to``.
+    """
+    segment.validate_name(spill_to)
+    if spill_to == name:
+        raise InvalidArgument(
+            f"pool '{name}' cannot spill to itself: name another pool with --spill-to"
+        )
+    if spill_to not in segment.list_names():
+        raise PoolNotFoundError(
+            f"no pool named '{spill_to}' to spill to: create it first "
+            f"(cortex cache create {spill_to} --size 100G --tier disk)"
+        )
+    chain, lower = [name, spill_to], _spill_to_of(spill_to)
+    while lower is not None and lower not in chain[1:]:
+        if lower == name:
+            raise InvalidArgument(
+                f"pool '{name}' cannot spill to '{spill_to}': "
+                f"{' -> '.join((*chain, lower))} would be a cycle"
+            )
+        chain.append(lower)
+        lower = _spill_to_of(lower)
+
+
+def upper_pools(name: str) -> list[str]:
+    """The pools whose header names ``name`` as their lower pool."""
+    return [
+        other for other in segment.list_names() if other != name and _spill_to_of(other) == name
+    ]
+
+
+def _promote_word(promote: str) -> int:
+    words = {"hit": PROMOTE_ON_HIT, "never": PROMOTE_NEVER}
+    if promote not in words:
+        raise InvalidArgument(f"promote must be 'hit' or 'never', not {promote!r}")
+    return words[promote]
 
 
 def _open_once(
@@ -197,13 +346,26 @@ def destroy(
     count as others. A file under the name that this kvcache cannot open as a
     pool (damaged, another format version) is removed as it is.
 
+    A pool that other pools spill to is refused too, unless ``force``: those
+    pools then drop what they evict (their chain is cut until a pool of that
+    name exists again).
+
     Args:
-        force: destroy it even while other processes have it open.
+        force: destroy it even while other processes have it open, or while
+            other pools spill to it.
         trust_owner, trust_group: destroy another user's pool (see :func:`open`).
 
     Raises:
         PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
     """
+    segment.validate_name(name)
+    uppers = [] if force else upper_pools(name)
+    if uppers:
+        raise PoolBusyError(
+            f"pools {', '.join(repr(u) for u in uppers)} spill to pool '{name}': destroy them "
+            "first, or pass --force (force=True) to destroy it anyway "
+            "(they then drop what they evict)"
+        )
     retire(
         name,
         DESTROYED,

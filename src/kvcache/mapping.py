@@ -140,7 +140,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
     _clock: Callable[[], float]
 
     # Pool's protocols (the lock is held by the caller unless said otherwise)
-    def _read(self, key: Key, copy: Callable[..., Any]) -> Any:
+    def _read(self, key: Key, copy: Callable[..., Any], *, count: bool = True) -> Any:
         raise NotImplementedError  # Pool's; takes the lock
 
     def _find(self, key_bytes: bytes) -> int:

@@ -63,11 +63,12 @@ from .layout import (
     Views,
 )
 from .lock import ClosedLock, PoolLock
-from .mapping import READ_ATTEMPTS, Default, MappingMixin, Value
+from .mapping import READ_ATTEMPTS, Default, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .reports import EntryInfo, PoolStats
 from .stored import EntryRef, StoredEntry
+from .tiers import Below, TierMixin
 from .units import parse_duration, whole_number
 
 INLINE_COPY_MAX_BYTES = 64 << 10
@@ -103,7 +104,7 @@ class _Summed(NamedTuple):
         return self.computed() == transfer.from_word(self.checksum_word)
 
 
-class Pool(EvictionMixin, MappingMixin):
+class Pool(EvictionMixin, TierMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -151,6 +152,8 @@ class Pool(EvictionMixin, MappingMixin):
         self._page_size = geometry.page_size_bytes
         self._num_pages = geometry.num_pages
         self._policy = get_policy(config.policy)
+        self._below: Below | None = None  # set by lifecycle.open when the header names one
+        self._promote = self._hq[H.promote]
         data_offset = geometry.data_offset
         self._allocator = PageAllocator(
             views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
@@ -227,6 +230,8 @@ class Pool(EvictionMixin, MappingMixin):
             fill,
             under_lock=total <= INLINE_COPY_MAX_BYTES,
         )
+        if self._below is not None:
+            self._forget_below(key)  # an older value below must never resurface
 
     def _refuse_too_large(self, num_bytes: int) -> None:
         if num_bytes > self._num_pages * self._page_size:
@@ -244,10 +249,10 @@ class Pool(EvictionMixin, MappingMixin):
         key_bytes, _ = encode_key(key)
         with self._lock:
             eid = self._find(key_bytes)
-            if eid < 0:
-                return False
-            self._remove(eid)
-            return True
+            if eid >= 0:
+                self._remove(eid)
+        below = self._below is not None and self._forget_below(key)
+        return eid >= 0 or below
 
     def __delitem__(self, key: Key) -> None:
         if not self.delete(key):
@@ -262,6 +267,8 @@ class Pool(EvictionMixin, MappingMixin):
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
         value = self._read(key, transfer.materialise)
+        if value is None and self._below is not None:
+            value = self._read_below(key, transfer.materialise)
         return default if value is None else value
 
     def get_into(self, key: Key, buffer: object) -> int | None:
@@ -291,7 +298,10 @@ class Pool(EvictionMixin, MappingMixin):
             transfer.copy_into(target, payload)
             return length
 
-        return self._read(key, copy)
+        length = self._read(key, copy)
+        if length is None and self._below is not None:
+            return self._read_below(key, copy)
+        return length
 
     def __getitem__(self, key: Key) -> Value:
         value = self.get(key)
@@ -307,7 +317,8 @@ class Pool(EvictionMixin, MappingMixin):
         key_bytes, _ = encode_key(key)
         with self._lock:
             eid = self._find(key_bytes)
-            return eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
+            here = eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
+        return here or (self._below is not None and self._contains_below(key))
 
     @reports_damage
     def __len__(self) -> int:
@@ -315,7 +326,8 @@ class Pool(EvictionMixin, MappingMixin):
             num_live = self._hq[H.num_live]
         if not 0 <= num_live <= self.config.max_entries:  # len() would raise a ValueError
             raise damaged(self.name, f"live entry count {num_live}")
-        return num_live
+        # Across the chain; a key in the middle of a move counts twice for that moment.
+        return num_live + (self._len_below() if self._below is not None else 0)
 
     @reports_damage
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
@@ -426,6 +438,8 @@ class Pool(EvictionMixin, MappingMixin):
             return
         self._closed = True
         _open_pools.discard(self)
+        if self._below is not None:
+            self._below.close()
         try:
             with self._lock.closing() as lock_fd:
                 if self._slot >= 0:
@@ -499,8 +513,16 @@ class Pool(EvictionMixin, MappingMixin):
 
     # ------------------------------------ the two copy protocols (they take the lock)
 
-    def _read(self, key: Key, copy: Callable[[bytes, list[memoryview]], Copied]) -> Copied | None:
-        """Look ``key`` up and ``copy`` its (codec header, payload views) out; None on a miss.
+    def _read(
+        self,
+        key: Key,
+        copy: Callable[[bytes, list[memoryview]], Copied],
+        *,
+        count: bool = True,
+    ) -> Copied | None:
+        """Look ``key`` up here and ``copy`` its (codec header, payload views) out; None on a miss.
+
+        ``count``: count the lookup in stats (a hit or a miss).
 
         Small values are copied under the lock. Larger ones are copied without
         it and kept only if the entry's generation did not change meanwhile
@@ -512,7 +534,7 @@ class Pool(EvictionMixin, MappingMixin):
             key_bytes, _ = encode_key(key)
             for attempt in range(READ_ATTEMPTS):
                 with self._lock:
-                    eid = self._lookup(key_bytes, count=attempt == 0)
+                    eid = self._lookup(key_bytes, count=count and attempt == 0)
                     if eid < 0:
                         return None
                     header, payload, generation = self._value_views(eid)
@@ -563,6 +585,8 @@ class Pool(EvictionMixin, MappingMixin):
         """
         try:
             num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
+            if self._below is not None:
+                self._spill(num_pages)
             with self._lock:
                 eid = self._reserve(
                     flags,
@@ -832,6 +856,23 @@ class Pool(EvictionMixin, MappingMixin):
             record = self._views.entries[ref.eid]
             entry = StoredEntry.from_record(bytes(self._key_view(ref.eid)), record, checksum)
             return entry, self._entry_slices(ref.eid)
+
+    @reports_damage
+    def locate(self, key: Key) -> EntryRef | None:
+        """The entry under ``key`` here, looked up as a read does (a hit or a miss in stats)."""
+        key_bytes, _ = encode_key(key)
+        with self._lock:
+            eid = self._lookup(key_bytes, count=True)
+            return None if eid < 0 else EntryRef(eid, self._eq[eid * ENTRY_WORDS + E.generation])
+
+    @reports_damage
+    def remove_entry(self, ref: EntryRef) -> bool:
+        """Remove entry ``ref`` if it is still that entry (moved elsewhere); whether it was."""
+        with self._lock:
+            if not self._is_ready(*ref):
+                return False
+            self._remove(ref.eid)
+            return True
 
     @reports_damage
     def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:

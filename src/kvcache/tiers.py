@@ -1,0 +1,321 @@
+"""Chains of pools: evicted entries spill to a lower pool, hits below are promoted.
+
+A pool may name a lower pool (``create(..., spill_to=NAME)``, kept in its
+header, so every process that opens it follows the same chain to any depth).
+``TierMixin`` is the chain's half of ``Pool``:
+
+- A put that needs room first *spills*: under the lock it picks victims by the
+  pool's policy, then, without the lock, copies each one into the lower pool
+  (``Pool.write_entry``: key, value, ttl and priority travel; policy history
+  starts afresh there) and removes it here only if it is still that entry.
+  Whatever room spilling did not make, the ordinary eviction makes by dropping.
+- A get that misses here reads below; with promote-on-hit (the default) the
+  entry is first copied up (``replace=False``: never over a newer put), then
+  removed below. A put removes its key from the tiers below, so that a value
+  overwritten here can never resurface from below once the new one is evicted.
+- ``in``, ``keys``, ``len``, ``delete``, ``touch``, ``ttl`` and ``clear`` see the
+  whole chain; ``entries``, ``stats``, ``check``, ``evict`` and ``persist`` act
+  on this pool alone.
+
+Every move copies first and removes second, never holding two pools' locks
+at once: a process killed mid-move leaves the entry in one tier or both
+(identical), and its half-written copy is reclaimed like any dead writer's.
+A lower pool that is missing, destroyed or broken is a miss (the chain is cut
+and tried again every ``REOPEN_INTERVAL_S``), never an error for the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import numpy as np
+
+from . import transfer
+from .errors import KVCacheError, ValueTooLargeError
+from .keys import Key
+from .layout import ENTRY_WORDS, PROMOTE_ON_HIT, E, H
+from .mapping import _NO_DEFAULT, Default, KeyList, MappingMixin, Value
+from .stored import EntryRef, StoredEntry
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+T = TypeVar("T")
+REOPEN_INTERVAL_S = 5.0
+"""A lower pool that could not be opened (or went away) is looked for again this often."""
+SPILL_ROUNDS = 64
+"""At most this many victim draws per spill; the ordinary eviction does the rest."""
+
+log = logging.getLogger(__name__)
+
+
+class Below:
+    """The open handle of a pool's lower tier, reopened by name when it goes away.
+
+    ``opener`` opens the lower pool (and, through it, the rest of the chain);
+    a failure to open it, or any kvcache error from it later, cuts the chain
+    for ``REOPEN_INTERVAL_S``: callers then see a miss, never the error.
+    """
+
+    def __init__(self, name: str, opener: Callable[[], Pool]) -> None:
+        self.name = name
+        self._opener = opener
+        self._pool: Pool | None = None
+        self._retry_at = 0.0
+        self.problem: str | None = None  # why the chain is cut, for status
+        self._get()
+
+    def _get(self) -> Pool | None:
+        if self._pool is None and time.monotonic() >= self._retry_at:
+            try:
+                self._pool = self._opener()
+                self.problem = None
+            except KVCacheError as exc:
+                self._cut(exc)
+        return self._pool
+
+    def _cut(self, exc: Exception) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self.problem = str(exc)
+        self._retry_at = time.monotonic() + REOPEN_INTERVAL_S
+        log.warning("lower pool '%s' is out of the chain for now: %s", self.name, exc)
+
+    def call(self, action: Callable[[Pool], T], default: T) -> T:
+        """``action(lower pool)``, or ``default`` if there is none or it fails."""
+        pool = self._get()
+        if pool is None:
+            return default
+        try:
+            return action(pool)
+        except ValueTooLargeError:
+            return default  # too large for the lower pool: nothing wrong with it
+        except KVCacheError as exc:
+            self._cut(exc)
+            return default
+
+    @property
+    def pool(self) -> Pool | None:
+        """The open lower pool, if there is one now."""
+        return self._get()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+class TierMixin(MappingMixin):
+    """Spill, promote and the chain-wide mapping operations of ``Pool``."""
+
+    _below: Below | None
+    _promote: int
+    name: str
+    _lock: Any
+    _hq: memoryview
+    _eq: memoryview
+    _allocator: Any
+    _entries: Any
+
+    # Pool's, declared for the type checker
+    read_entry: Callable[[EntryRef], tuple[StoredEntry, list[memoryview]] | None]
+    confirm: Callable[[EntryRef, StoredEntry, list[memoryview]], bool]
+    write_entry: Callable[..., bool]
+    _tidy: Callable[..., tuple[int, int]]
+    _choose_victims: Callable[[], tuple[np.ndarray, bool]]
+
+    @property
+    def spill_to(self) -> str | None:
+        """The name of the lower pool evicted entries move to, or None."""
+        return None if self._below is None else self._below.name
+
+    @property
+    def lower(self) -> Pool | None:
+        """The lower pool, open, or None (no chain, or the lower pool is missing)."""
+        return None if self._below is None else self._below.pool
+
+    def chain(self) -> Iterator[Pool]:
+        """This pool and every open pool below it, top first."""
+        tier: Pool | None = self  # type: ignore[assignment]
+        while tier is not None:
+            yield tier
+            tier = tier.lower
+
+    # ------------------------------------------------------------- spilling
+
+    def _spill(self, num_pages: int) -> None:
+        """Move victims to the lower pool until ``num_pages`` pages and a slot are free."""
+        # Unlocked read of two counters: a hint only (the put evicts under the lock anyway).
+        if self._allocator.num_available() >= num_pages and self._entries.has_free_slot():
+            return
+        with self._lock:
+            victims = self._spill_victims(num_pages)
+        for ref in victims:
+            self._spill_one(ref)
+
+    def _spill_victims(self, num_pages: int) -> list[EntryRef]:
+        """Entries whose move would free ``num_pages`` pages and a slot (lock held)."""
+        self._tidy(force=False)  # expired entries are dropped, never spilled
+        shortfall = num_pages - self._allocator.num_available()
+        need_slot = not self._entries.has_free_slot()
+        chosen: dict[int, int] = {}
+        for _ in range(SPILL_ROUNDS):
+            if shortfall <= 0 and not need_slot:
+                break
+            victims, _ = self._choose_victims()
+            if not victims.size:
+                break
+            for eid in victims.tolist():
+                base = eid * ENTRY_WORDS
+                if eid in chosen:
+                    continue
+                chosen[eid] = self._eq[base + E.generation]
+                shortfall -= self._eq[base + E.num_pages]
+                need_slot = False
+                if shortfall <= 0:
+                    break
+        return [EntryRef(eid, generation) for eid, generation in chosen.items()]
+
+    def _spill_one(self, ref: EntryRef) -> None:
+        assert self._below is not None
+        read = self.read_entry(ref)
+        if read is None:
+            return  # gone since it was chosen
+        entry, views = read
+
+        def fill(targets: list[memoryview]) -> int | None:
+            transfer.scatter(targets, tuple(views))
+            return entry.checksum if self.confirm(ref, entry, views) else None
+
+        moved = self._below.call(lambda lower: lower.write_entry(entry, fill), False)
+        if not moved:
+            return  # the put's eviction drops it instead
+        with self._lock:
+            still_here = self._is_ready(*ref)
+            if still_here:
+                self._remove(ref.eid)
+                self._hq[H.spills] += 1
+        if not still_here:  # replaced here while it moved: what went down is stale
+            self._below.call(lambda lower: lower.delete(entry.key), False)
+
+    # ------------------------------------------------------------ promoting
+
+    def _read_below(self, key: Key, copy: Callable[..., T]) -> T | None:
+        """A read that missed here: from below, promoting the entry here first if asked."""
+        below = self._below
+        assert below is not None
+        promote = self._promote == PROMOTE_ON_HIT
+        if promote and below.call(lambda lower: self._promote_from(lower, key), False):
+            found = self._read(key, copy, count=False)
+            if found is not None:
+                return found  # type: ignore[no-any-return]
+        return below.call(lambda lower: lower._read_chain(key, copy), None)
+
+    def _promote_from(self, lower: Pool, key: Key) -> bool:
+        """Copy ``key``'s entry up from ``lower`` and remove it there; whether it moved."""
+        ref = lower.locate(key)
+        if ref is None:
+            return False
+        read = lower.read_entry(ref)
+        if read is None:
+            return False
+        entry, views = read
+
+        def fill(targets: list[memoryview]) -> int | None:
+            transfer.scatter(targets, tuple(views))
+            return entry.checksum if lower.confirm(ref, entry, views) else None
+
+        if not self.write_entry(entry, fill, replace=False):
+            return False
+        with self._lock:
+            self._hq[H.promotions] += 1
+        lower.remove_entry(ref)
+        return True
+
+    def _read_chain(self, key: Key, copy: Callable[..., T]) -> T | None:
+        found = self._read(key, copy)
+        if found is None and self._below is not None:
+            return self._read_below(key, copy)
+        return found  # type: ignore[no-any-return]
+
+    # ------------------------------------------------- chain-wide operations
+
+    def keys(self) -> KeyList[Key]:  # type: ignore[override]
+        """The keys live now in this pool and the pools below it, each once."""
+        keys = super().keys()
+        if self._below is not None:
+            here = set(keys)
+            keys.extend(key for key in self._keys_below() if key not in here)
+        return keys
+
+    def touch(self, key: Key, ttl: float | str | None = None) -> bool:
+        """See ``MappingMixin.touch``; in whichever tier holds ``key``."""
+        if super().touch(key, ttl):
+            return True
+        return self._below is not None and self._below.call(lambda p: p.touch(key, ttl), False)
+
+    def ttl(self, key: Key) -> float | None:
+        """See ``MappingMixin.ttl``; from whichever tier holds ``key``."""
+        try:
+            return super().ttl(key)
+        except KeyError:
+            if self._below is None:
+                raise
+        none: list[float | None] = []
+        left = self._below.call(lambda p: [p.ttl(key)] if key in p else none, none)
+        if not left:
+            raise KeyError(key)
+        return left[0]
+
+    def clear(self) -> int:  # type: ignore[override]  # a count, as MappingMixin's
+        """Remove every entry of every tier; return how many were removed."""
+        removed = super().clear()
+        return removed + (0 if self._below is None else self._below.call(lambda p: p.clear(), 0))
+
+    @overload
+    def pop(self, key: Key) -> Value: ...
+    @overload
+    def pop(self, key: Key, default: Default) -> Value | Default: ...
+    def pop(self, key: Key, default: object = _NO_DEFAULT) -> object:
+        """See ``MappingMixin.pop``; the key is removed from every tier."""
+        value: object = super().pop(key, None)
+        if self._below is not None:
+            if value is None:
+                value = self._below.call(lambda p: p.pop(key, None), None)
+            else:
+                self._forget_below(key)
+        if value is None:
+            if default is _NO_DEFAULT:
+                raise KeyError(key)
+            return default
+        return value
+
+    def popitem(self) -> tuple[Key, Value]:
+        """See ``MappingMixin.popitem``; from this pool first, then from below."""
+        try:
+            return super().popitem()
+        except KeyError:
+            if self._below is None:
+                raise
+        none: list[tuple[Key, Value]] = []
+        item = self._below.call(lambda p: [p.popitem()] if len(p) else none, none)
+        if not item:
+            raise KeyError("popitem(): the pool is empty")
+        return item[0]
+
+    def _forget_below(self, key: Key) -> bool:
+        """Remove ``key`` from every tier below; whether any held it."""
+        return self._below is not None and self._below.call(lambda p: p.delete(key), False)
+
+    def _contains_below(self, key: Key) -> bool:
+        return self._below is not None and self._below.call(lambda p: key in p, False)
+
+    def _keys_below(self) -> list[Key]:
+        return [] if self._below is None else self._below.call(lambda p: list(p.keys()), [])
+
+    def _len_below(self) -> int:
+        return 0 if self._below is None else self._below.call(len, 0)
