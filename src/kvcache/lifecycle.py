@@ -398,9 +398,10 @@ def retire(
         PoolBusyError: other processes have it open and ``force`` is False.
         UntrustedOwnerError: another user's pool, not covered by the trust options.
     """
+    trust = owners.Trust.build(trust_owner, trust_group)
     for _ in range(OPEN_ATTEMPTS):
         try:
-            old = open(name, trust_owner=trust_owner, trust_group=trust_group)
+            old = _open_unchained(name, trust, False, time.time, None)
         except (IncompatiblePoolError, CorruptPoolError):
             take_name()  # no pool this kvcache can attach to, so nobody here to tell
             return

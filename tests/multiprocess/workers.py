@@ -494,6 +494,52 @@ def cmd_churn(p: dict) -> dict:
     return {}
 
 
+def cmd_pause_mid_move(p: dict) -> dict:
+    """Open the chain's top pool, then put new keys (spills) or get keys held below
+    (promotions) with a pause at ``at``, and wait there to be killed.
+
+    ``at`` is ``copy`` (in the middle of copying the entry from one pool into the
+    other) or ``published`` (after pool ``into`` published the copy, before the
+    source removes its own). The pause wraps the library's own calls in this
+    child only; the move itself runs unchanged.
+    """
+    from kvcache import tiers
+    from kvcache.pool import Pool
+
+    def pause() -> None:
+        _say("paused")
+        time.sleep(3600)
+
+    if p["at"] == "copy":
+
+        class Pausing:
+            def scatter(self, targets: list, pieces: tuple) -> None:
+                tiers_transfer.scatter(targets, (bytes(pieces[0])[:1],))  # a torn start
+                pause()
+
+        tiers_transfer = tiers.transfer
+        tiers.transfer = Pausing()  # type: ignore[assignment]
+    else:
+        write_entry = Pool.write_entry
+
+        def write_then_pause(self: Pool, *args: object, **kwargs: object) -> bool:
+            written = write_entry(self, *args, **kwargs)  # type: ignore[arg-type]
+            if written and self.name == p["into"]:
+                pause()
+            return written
+
+        Pool.write_entry = write_then_pause  # type: ignore[method-assign]
+    pool = kvcache.open(p["pool"])
+    rng = np.random.default_rng(p["seed"])
+    for i in range(10_000):
+        if p["keys"]:
+            pool.get(p["keys"][i % len(p["keys"])])
+        else:
+            key = f"child-{i}"
+            pool.put(key, make_value(key, p["value_bytes"], rng))
+    return {}
+
+
 def cmd_hold_lock(p: dict) -> dict:
     """White-box: take the pool lock, half-mutate (skew a counter), then wait to be killed.
 
