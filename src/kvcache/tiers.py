@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from . import transfer
-from .errors import KVCacheError, ValueTooLargeError
+from .errors import KVCacheError, PoolNotFoundError, ValueTooLargeError
 from .keys import Key
 from .layout import ENTRY_WORDS, PROMOTE_ON_HIT, E, H
 from .mapping import _NO_DEFAULT, Default, KeyList, MappingMixin, Value
@@ -83,7 +83,9 @@ class Below:
             self._pool = None
         self.problem = str(exc)
         self._retry_at = time.monotonic() + REOPEN_INTERVAL_S
-        log.warning("lower pool '%s' is out of the chain for now: %s", self.name, exc)
+        # A missing lower pool is a state (status shows it); a failing one is news.
+        level = logging.INFO if isinstance(exc, PoolNotFoundError) else logging.WARNING
+        log.log(level, "lower pool '%s' is out of the chain for now: %s", self.name, exc)
 
     def call(self, action: Callable[[Pool], T], default: T) -> T:
         """``action(lower pool)``, or ``default`` if there is none or it fails."""
@@ -137,6 +139,13 @@ class TierMixin(MappingMixin):
     def lower(self) -> Pool | None:
         """The lower pool, open, or None (no chain, or the lower pool is missing)."""
         return None if self._below is None else self._below.pool
+
+    @property
+    def lower_problem(self) -> str | None:
+        """Why the lower pool named in the header is not open now (None if it is, or none)."""
+        if self._below is None or self._below.pool is not None:
+            return None
+        return self._below.problem or "not open"
 
     def chain(self) -> Iterator[Pool]:
         """This pool and every open pool below it, top first."""

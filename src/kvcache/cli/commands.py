@@ -76,14 +76,21 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
             )
             return doc
     with kvcache.create(
-        args.name, args.size, **options, prealloc=args.prealloc, mode=mode, force=args.force
+        args.name,
+        args.size,
+        **options,
+        prealloc=args.prealloc,
+        mode=mode,
+        force=args.force,
+        spill_to=args.spill_to,
+        promote=args.promote,
     ) as pool:
         stats, config = pool.stats(), pool.config
     tier = kvcache.segment.tier_of()
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
         f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
-        f"tier {tier}"
+        f"tier {tier}" + (f", spills to '{args.spill_to}'" if args.spill_to else "")
     )
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
@@ -163,6 +170,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         return list_pools(args, out)
     with kvcache.open(args.name, **_trust(args)) as pool:
         stats, config = pool.stats(), pool.config
+        below = _chain_below(pool)
     # This command's own process is attached while it reads: leave it out.
     others = tuple(pid for pid in stats.attached if pid != os.getpid())
     num_elsewhere = stats.num_attached - 1 - len(others)
@@ -177,6 +185,8 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         "snapshot": {"path": str(snapshot), "age_s": snapshot_age}
         if snapshot_age is not None
         else None,
+        "spill_to": below[0]["name"] if below else None,
+        "chain": below,
     }
     rows = [
         ("pool", args.name),
@@ -195,6 +205,8 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("expirations", stats.expirations),
         ("repairs", stats.repairs),
         ("damaged", stats.damaged),
+        ("spills / promotions", f"{stats.spills} / {stats.promotions}"),
+        ("spills to", _chain_line(below)),
         ("attached", _attached(others, num_elsewhere)),
         (
             "snapshot",
@@ -202,13 +214,64 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ),
     ]
     out.table(("FIELD", "VALUE"), rows)
+    if below:
+        out.table(
+            ("TIER", "NAME", "ENTRIES", "USED", "HITS", "MISSES", "SPILLS", "PROMOTIONS"),
+            [_tier_row(i, tier) for i, tier in enumerate([{**doc, "name": args.name}, *below])],
+            right=("ENTRIES", "USED", "HITS", "MISSES", "SPILLS", "PROMOTIONS"),
+        )
     return doc
+
+
+def _chain_below(pool: kvcache.Pool) -> list[dict[str, Any]]:
+    """``status``'s documents of the pools below ``pool``, top first; a cut link says why."""
+    docs: list[dict[str, Any]] = []
+    tier: kvcache.Pool | None = pool
+    while tier is not None and tier.spill_to is not None:
+        lower = tier.lower
+        if lower is None:
+            docs.append({"name": tier.spill_to, "error": tier.lower_problem})
+            break
+        stats = lower.stats()
+        # this command's own handle is attached to every pool of the chain: leave it out
+        docs.append(
+            {
+                **stats.to_dict(),
+                "tier": kvcache.segment.tier_of(kvcache.segment.segment_path(lower.name).parent),
+                "num_attached": stats.num_attached - 1,
+            }
+        )
+        tier = lower
+    return docs
+
+
+def _chain_line(below: list[dict[str, Any]]) -> str:
+    if not below:
+        return "none (evictions drop entries)"
+    return " -> ".join(
+        f"{d['name']} (missing: {d['error']})" if "error" in d else str(d["name"]) for d in below
+    )
+
+
+def _tier_row(depth: int, doc: dict[str, Any]) -> tuple[object, ...]:
+    if "error" in doc:
+        return (depth, doc["name"], "-", "-", "-", "-", "-", "-")
+    return (
+        depth,
+        doc["name"],
+        doc["num_entries"],
+        format_size(doc["used_bytes"]),
+        doc["hits"],
+        doc["misses"],
+        doc["spills"],
+        doc["promotions"],
+    )
 
 
 def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
     with kvcache.open(args.name, **_trust(args)) as pool:
         listed = pool.entries(sort=args.sort, limit=args.limit or None)
-        total = len(pool)
+        total = pool.stats().num_entries  # this pool's own (len() counts the whole chain)
     now = time.time()
     rows = [
         (

@@ -102,6 +102,18 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--ttl", help="default expiry of entries: 90s, 15m, 1h (default never)")
     p.add_argument("--prealloc", action="store_true", help="reserve all memory now")
     p.add_argument(
+        "--spill-to",
+        metavar="POOL",
+        help="an existing pool that evicted entries move to (e.g. a disk pool), not dropped",
+    )
+    p.add_argument(
+        "--promote",
+        default="hit",
+        choices=["hit", "never"],
+        help="with --spill-to: move an entry found below up into this pool (hit, the "
+        "default) or read it where it is (never)",
+    )
+    p.add_argument(
         "--mode", default="600", help="octal permissions, e.g. 660 to share with a group"
     )
     _force(p, _MODE_FORCE)

@@ -1,0 +1,83 @@
+"""``cortex cache create --spill-to/--promote``, ``status`` of a chain, and the refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import kvcache
+from test_cli import cortex, cortex_json
+
+
+@pytest.fixture
+def names():
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(f"cli-{uuid.uuid4().hex[:10]}")
+        return made[-1]
+
+    yield make
+    for name in made:
+        if name in kvcache.list_pools():
+            kvcache.destroy(name, force=True)
+
+
+def _fill(name: str, count: int) -> None:
+    code = (
+        "import kvcache\n"
+        f"pool = kvcache.open({name!r})\n"
+        f"for i in range({count}):\n"
+        "    pool.put(f'k{i}', bytes([i % 256]) * 3000)\n"
+        "assert pool.get('k0') == bytes([0]) * 3000\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_create_with_spill_to_and_status_shows_the_chain_per_tier(names, tmp_path):
+    low, up = names(), names()
+    cortex_json("create", low, "--size", "4M", "--page-size", "4K")
+    created = cortex("create", up, "--size", "256K", "--page-size", "4K", "--spill-to", low)
+    assert created.returncode == 0 and f"spills to '{low}'" in created.stdout
+    _fill(up, 200)
+    status = cortex_json("status", up)
+    assert status["spill_to"] == low and status["spills"] > 0 and status["promotions"] == 1
+    (lower,) = status["chain"]
+    assert lower["name"] == low and lower["num_entries"] == status["spills"] - 1
+    assert lower["hits"] == 1 and lower["num_attached"] == 0
+    text = cortex("status", up).stdout
+    assert f"spills to            {low}" in text
+    assert "PROMOTIONS" in text and low in text.splitlines()[-1]
+    assert cortex_json("entries", up)["num_entries"] == status["num_entries"]
+
+
+def test_promote_never_is_recorded_and_followed(names):
+    low, up = names(), names()
+    cortex_json("create", low, "--size", "4M", "--page-size", "4K")
+    cortex_json("create", up, "--size", "256K", "--page-size", "4K", "--spill-to", low,
+                "--promote", "never")  # fmt: skip
+    _fill(up, 200)
+    assert cortex_json("status", up)["promotions"] == 0
+
+
+def test_refusals_are_one_line_errors_that_change_nothing(names):
+    low, up = names(), names()
+    missing = cortex("create", up, "--size", "1M", "--spill-to", low)
+    assert missing.returncode == 1 and "create it first" in missing.stderr
+    assert "Traceback" not in missing.stderr and up not in kvcache.list_pools()
+    itself = cortex("create", up, "--size", "1M", "--spill-to", up)
+    assert itself.returncode == 1 and "itself" in itself.stderr
+    promote = cortex("create", up, "--size", "1M", "--promote", "always")
+    assert promote.returncode == 1 and "invalid choice" in promote.stderr
+    cortex_json("create", low, "--size", "4M")
+    cortex_json("create", up, "--size", "1M", "--spill-to", low)
+    refused = cortex("destroy", low, "--yes")
+    assert refused.returncode == 1 and "spill to" in refused.stderr and "--force" in refused.stderr
+    assert low in kvcache.list_pools()
+    assert cortex("destroy", low, "--yes", "--force").returncode == 0
+    status = cortex_json("status", up)
+    assert status["chain"][0]["name"] == low and "no pool named" in status["chain"][0]["error"]
+    assert "missing" in cortex("status", up).stdout
