@@ -258,3 +258,15 @@ def test_spill_counters_survive_repair(chain) -> None:
     spills = top.stats().spills
     top._hq[H.dirty] = 1  # as if a holder died mid-mutation: the next lock holder repairs
     assert top.stats().spills == spills and top.stats().repairs == 1
+
+
+def test_a_restore_that_replaces_a_pool_keeps_its_chain(chain, tmp_path) -> None:
+    top, bottom = chain("256K", "1M", promote="never")
+    fill(top, 100)
+    snapshot = kvcache.persist(top, tmp_path / "top.kvsnap")
+    name = top.name
+    top.close()
+    with kvcache.restore(name, snapshot, replace=True) as again:
+        assert again.spill_to == bottom.name and again.promote == "never"
+        assert again.get("k0") == value_of(0)  # still below, read through the kept chain
+        assert again.stats().promotions == 0

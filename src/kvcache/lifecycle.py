@@ -265,11 +265,17 @@ def stored_spill_to(pool: Pool) -> str | None:
 
 def _spill_to_of(name: str) -> str | None:
     """The lower pool named in pool ``name``'s header; None if none or it cannot be opened."""
+    return chain_of(name)[0]
+
+
+def chain_of(name: str) -> tuple[str | None, int]:
+    """Pool ``name``'s link: (its lower pool or None, its promote word); (None,
+    PROMOTE_ON_HIT) if it names none or cannot be opened."""
     try:
         with _open_unchained(name, owners.TRUST_SELF, False, time.time, None) as pool:
-            return stored_spill_to(pool)
+            return stored_spill_to(pool), pool._promote
     except KVCacheError:
-        return None
+        return None, PROMOTE_ON_HIT
 
 
 def check_chain(name: str, spill_to: str) -> None:

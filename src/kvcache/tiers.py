@@ -136,6 +136,11 @@ class TierMixin(MappingMixin):
         return None if self._below is None else self._below.name
 
     @property
+    def promote(self) -> str:
+        """What a hit below does: ``"hit"`` moves the entry up here, ``"never"`` reads it there."""
+        return "hit" if self._promote == PROMOTE_ON_HIT else "never"
+
+    @property
     def lower(self) -> Pool | None:
         """The lower pool, open, or None (no chain, or the lower pool is missing)."""
         return None if self._below is None else self._below.pool

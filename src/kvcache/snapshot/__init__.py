@@ -33,8 +33,8 @@ from ..errors import (
     PoolExistsError,
     SnapshotError,
 )
-from ..layout import ENTRY_DTYPE
-from ..lifecycle import create_from_config, discard, publish, refuse_if_in_use
+from ..layout import ENTRY_DTYPE, PROMOTE_ON_HIT
+from ..lifecycle import chain_of, create_from_config, discard, publish, refuse_if_in_use
 from ..lifecycle import open as open_pool
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
@@ -245,7 +245,7 @@ def restore_with_report(
         path: the snapshot; default ``default_path(name)``.
         replace: replace an existing pool of that name (once the new one is
             complete); processes that have it open then fail their next call
-            with ``PoolDestroyedError``.
+            with ``PoolDestroyedError``. Its chain (``spill_to``) carries over.
         size: a different pool size; if smaller, the policy decides what stays.
         config: a whole new configuration instead of the snapshot's (``create
             --restore``: the pool its flags describe, filled from the snapshot);
@@ -302,8 +302,17 @@ def restore_with_report(
             f"restoring pool '{name}'",
             "restore into a smaller --size, destroy unused pools, or free memory",
         )
+        # A replaced pool's chain carries over: its lower pool stays where it was.
+        spill_to, promote = chain_of(name) if replace else (None, PROMOTE_ON_HIT)
         builder = create_from_config(
-            name, config, mode=mode, prealloc=prealloc, clock=clock, hidden=True
+            name,
+            config,
+            mode=mode,
+            prealloc=prealloc,
+            spill_to=spill_to or "",
+            promote=promote,
+            clock=clock,
+            hidden=True,
         )
         try:
             skipped = _load(reader, builder, records, chosen, progress)
