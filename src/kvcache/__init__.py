@@ -21,6 +21,8 @@ parts, bottom up (each module opens with its own overview):
 - ``recovery``  consistency check and repair from the entry table
 - ``transfer``  bytes between callers' buffers and an entry's pages
 - ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
+- ``stored``    whole entries as they move: ``EntryRef``, ``StoredEntry``
+- ``tiers``     chains of pools: spill evicted entries down, promote hits below
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
 - ``lifecycle`` create/open/destroy/list by name; retiring a pool others have open
 - ``mapping``   ``Pool`` as a dict: pop, clear, touch, ttl, views others may change
