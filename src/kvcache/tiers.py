@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import numpy as np
 
 from . import transfer
-from .errors import KVCacheError, PoolNotFoundError, ValueTooLargeError
+from .errors import (
+    KVCacheError,
+    OutOfSharedMemoryError,
+    PoolFullError,
+    PoolNotFoundError,
+    ValueTooLargeError,
+)
 from .keys import Key
 from .layout import ENTRY_WORDS, PROMOTE_ON_HIT, E, H
 from .mapping import _NO_DEFAULT, Default, KeyList, MappingMixin, Value
@@ -56,8 +62,9 @@ class Below:
     """The open handle of a pool's lower tier, reopened by name when it goes away.
 
     ``opener`` opens the lower pool (and, through it, the rest of the chain);
-    a failure to open it, or any kvcache error from it later, cuts the chain
-    for ``REOPEN_INTERVAL_S``: callers then see a miss, never the error.
+    a failure to open it, or a kvcache error from it later other than a lack of
+    room (destroyed, damaged, closed), cuts the chain for ``REOPEN_INTERVAL_S``:
+    callers then see a miss, never the error.
     """
 
     def __init__(self, name: str, opener: Callable[[], Pool]) -> None:
@@ -94,8 +101,8 @@ class Below:
             return default
         try:
             return action(pool)
-        except ValueTooLargeError:
-            return default  # too large for the lower pool: nothing wrong with it
+        except (ValueTooLargeError, PoolFullError, OutOfSharedMemoryError):
+            return default  # no room below for this one now: nothing wrong with the pool
         except KVCacheError as exc:
             self._cut(exc)
             return default
