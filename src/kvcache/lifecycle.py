@@ -9,14 +9,23 @@ whoever still has it open (``Pool._retire``).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from . import owners, segment
+from . import durable, folders, owners, registry, segment
 from .config import PoolConfig
-from .errors import CorruptPoolError, IncompatiblePoolError, PoolBusyError, PoolDestroyedError
+from .errors import (
+    CorruptPoolError,
+    IncompatiblePoolError,
+    PoolBusyError,
+    PoolDestroyedError,
+    PoolExistsError,
+    PoolNotFoundError,
+)
 from .layout import DESTROYED, Geometry, read_header, write_header
 from .pool import Pool
 
@@ -35,10 +44,12 @@ def create(
     mode: int = segment.DEFAULT_MODE,
     force: bool = False,
     verify_reads: bool = False,
+    tier: str = "cpu",
+    path: str | os.PathLike[str] | None = None,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
-    """Create pool ``name`` of ``size`` (``"16G"``) in /dev/shm and open it.
+    """Create pool ``name`` of ``size`` (``"16G"``) and open it.
 
     Args:
         policy: eviction policy, see ``kvcache.policies.POLICIES``.
@@ -52,15 +63,21 @@ def create(
             ``0o660`` shares it with the group; execute bits are refused.
         force: accept a ``mode`` that gives other users access (e.g. ``0o666``).
         verify_reads: this handle checks every value read (see :func:`open`).
+        tier: ``cpu`` (shared memory, /dev/shm) or ``disk`` (a file in a folder
+            on a disk: no RAM limit, warm after a restart; see ``kvcache.durable``).
+        path: the folder for the pool's file (must exist); default /dev/shm for
+            ``cpu``, ``$KVCACHE_HOME/disk`` for ``disk`` (see ``kvcache.folders``).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
-        PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
+        PoolExistsError: a pool of that name exists, in any folder.
+        OutOfSharedMemoryError, InvalidArgument,
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     segment.validate_name(name)
     segment.check_mode(mode, force=force)
+    folder = folders.choose(tier, path)
     config = PoolConfig.build(
         size,
         page_size=page_size,
@@ -78,6 +95,7 @@ def create(
         verify_reads=verify_reads,
         clock=clock,
         rng=rng,
+        folder=folder,
     )
 
 
@@ -91,20 +109,25 @@ def create_from_config(
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
+    folder: Path | None = None,
 ) -> Pool:
     """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
 
     Args:
         hidden: keep the segment under a hidden name until
             ``segment.publish(pool._segment, ...)``; a restore fills it first.
+        folder: a folder from ``folders.choose``; default shared memory.
     """
     geometry = Geometry.for_config(config)
 
     def initialise(seg: segment.Segment) -> None:
         write_header(seg.buffer, config, geometry, clock(), geometry.num_pages if prealloc else 0)
+        durable.mark_new(seg)
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
-    seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden)
+    seg = segment.create(
+        name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden, folder=folder
+    )
     try:
         return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
     except BaseException:
@@ -192,17 +215,24 @@ def destroy(
         force: destroy it even while other processes have it open.
         trust_owner, trust_group: destroy another user's pool (see :func:`open`).
 
+    A registered disk pool whose file is gone is forgotten.
+
     Raises:
         PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
     """
-    retire(
-        name,
-        DESTROYED,
-        lambda: segment.unlink(name),
-        force=force,
-        trust_owner=trust_owner,
-        trust_group=trust_group,
-    )
+    try:
+        retire(
+            name,
+            DESTROYED,
+            lambda: segment.unlink(name),
+            force=force,
+            trust_owner=trust_owner,
+            trust_group=trust_group,
+        )
+    except PoolNotFoundError:
+        if registry.lookup(name) is None or os.path.lexists(segment.segment_path(name)):
+            raise
+        registry.forget(name)  # only the record was left
 
 
 def retire(
@@ -231,6 +261,9 @@ def retire(
         try:
             old = open(name, trust_owner=trust_owner, trust_group=trust_group)
         except (IncompatiblePoolError, CorruptPoolError):
+            if _damaged_record(name):
+                registry.forget(name)
+                return
             take_name()  # no pool this kvcache can attach to, so nobody here to tell
             return
         with old:
@@ -239,6 +272,48 @@ def retire(
     raise PoolBusyError(f"pool '{name}' was replaced again and again meanwhile: try again")
 
 
+def _damaged_record(name: str) -> bool:
+    try:
+        registry.lookup(name)
+    except IncompatiblePoolError:
+        return True
+    return False
+
+
 def list_pools() -> list[str]:
-    """Names of all pools on this machine, sorted."""
+    """Names of all pools on this machine (in shared memory, and this user's registered
+    pools in other folders), sorted."""
     return segment.list_names()
+
+
+def adopt(name: str, path: str | os.PathLike[str]) -> None:
+    """Register the existing pool file ``PATH/kvcache.<name>`` under ``name``.
+
+    For a disk pool whose registry record was lost (a new ``$KVCACHE_HOME``),
+    or a copy of a pool's file, placed under the new name in a folder of its
+    own. The file is opened once to check it is a pool this kvcache reads (a
+    copy taken while it was in use is repaired then, see ``kvcache.durable``).
+
+    Raises:
+        PoolExistsError: ``name`` is a pool already.
+        PoolNotFoundError: no file ``kvcache.<name>`` in that folder.
+        InvalidArgument: ``path`` is not a folder.
+        IncompatiblePoolError, UntrustedOwnerError: the file is not a pool of yours.
+    """
+    segment.validate_name(name)
+    tier = "cpu" if os.path.isdir(path) and segment.tier_of(Path(path)) == "cpu" else "disk"
+    folder = folders.choose(tier, path)
+    if segment.is_taken(name):
+        raise PoolExistsError(
+            f"pool '{name}' already exists: destroy it first, or adopt another name"
+        )
+    if not (folder / (segment.PREFIX + name)).is_file():
+        raise PoolNotFoundError(
+            f"no pool file {folder / (segment.PREFIX + name)}: give the folder that holds it"
+        )
+    registry.claim(name, folder)
+    try:
+        open(name).close()
+    except BaseException:
+        registry.forget(name)
+        raise
