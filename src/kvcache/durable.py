@@ -24,6 +24,13 @@ Who else has the pool open comes from the process table's leases (``procs``),
 which the kernel drops when a holder dies, so a SIGKILLed holder never
 counts. Both checks run under the pool lock, so an open and a close never
 both think they are alone.
+
+Known gap: a process counts as attached from the moment it claims its slot,
+which is just before it first takes the lock. Two processes that open a pool
+left unclean within that window of each other each see the other and neither
+repairs. Reads stay verified (nothing wrong is served), and a stop in the
+middle of a mutation left ``dirty`` set, which repairs at the first lock anyway;
+closing the gap needs a lease taken once an open has finished (not done yet).
 """
 
 from __future__ import annotations

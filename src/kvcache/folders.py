@@ -93,6 +93,12 @@ def for_restore(
     if tier is None and path is None:
         kept = registry.lookup(name) if replace else None
         return segment.shm_dir() if kept is None else kept
-    if tier is None:
-        tier = "cpu" if memory.is_ram_backed(Path(os.path.realpath(path))) else "disk"  # type: ignore[arg-type]
-    return choose(tier, path)
+    return choose(tier, path) if tier is not None else matching(path)  # type: ignore[arg-type]
+
+
+def matching(path: str | os.PathLike[str]) -> Path:
+    """``path`` checked as a pool folder of the tier its storage has (RAM: cpu, else disk)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return choose("disk", path)  # refuses it, with the reason
+    in_ram = memory.is_ram_backed(Path(os.path.realpath(path)))
+    return choose("cpu" if in_ram else "disk", path)

@@ -301,8 +301,7 @@ def adopt(name: str, path: str | os.PathLike[str]) -> None:
         IncompatiblePoolError, UntrustedOwnerError: the file is not a pool of yours.
     """
     segment.validate_name(name)
-    tier = "cpu" if os.path.isdir(path) and segment.tier_of(Path(path)) == "cpu" else "disk"
-    folder = folders.choose(tier, path)
+    folder = folders.matching(path)
     if segment.is_taken(name):
         raise PoolExistsError(
             f"pool '{name}' already exists: destroy it first, or adopt another name"

@@ -63,7 +63,7 @@ def _churn_then_kill(name: str, during=None) -> None:
 def _served_values_are_correct(pool: kvcache.Pool) -> int:
     """Every value the pool serves is intact; return how many listed keys were misses."""
     missed = 0
-    for key in pool.keys():
+    for key in pool:  # Pool.__iter__: a snapshot of the live keys
         value = pool.get(key)
         if value is None:
             missed += 1  # dropped as damaged (counted), never returned
@@ -86,9 +86,7 @@ def test_reopen_after_writers_were_killed_mid_fill(disk, names):
         assert pool.stats().repairs == stats.repairs
 
 
-def test_a_copy_taken_while_writers_run_opens_repaired_and_serves_only_intact_values(
-    disk, names
-):
+def test_a_copy_taken_while_writers_run_opens_repaired_and_serves_only_intact_values(disk, names):
     name, copy = names(), names()
     (disk / "a").mkdir()
     (disk / "b").mkdir()
