@@ -1,13 +1,26 @@
-"""Shared fixtures: real pools in /dev/shm with unique names, always destroyed."""
+"""Shared fixtures: real pools in /dev/shm with unique names, always destroyed.
+
+Every test gets a private ``$KVCACHE_HOME`` (snapshots, the disk-pool registry,
+default disk pools), so no registry record outlives its test or meets another's.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 import kvcache
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``$KVCACHE_HOME`` for this test only (its processes inherit it)."""
+    home = tmp_path_factory.mktemp("kvcache-home")
+    monkeypatch.setenv("KVCACHE_HOME", str(home))
+    return home
 
 
 @pytest.fixture

@@ -4,6 +4,9 @@ A pool is one file in ``/dev/shm`` that any number of processes map. Its
 parts, bottom up (each module opens with its own overview):
 
 - ``segment``   create/attach/unlink the file; names, permissions, reservation
+- ``home``      the per-user kvcache folder ($KVCACHE_HOME)
+- ``registry``  where pools outside /dev/shm (disk pools) live, by name
+- ``folders``   a new pool's folder from its tier (cpu, disk) and path, checked
 - ``owners``    whose pools and snapshots to trust (the caller's, root's, named ones)
 - ``memory``    what RAM, the cgroup and the folder can still give a reservation
 - ``builds``    leases on files under construction; removing abandoned ones
@@ -21,6 +24,7 @@ parts, bottom up (each module opens with its own overview):
 - ``recovery``  consistency check and repair from the entry table
 - ``transfer``  bytes between callers' buffers and an entry's pages
 - ``eviction``  making room on put, explicit evict, expiry and dead-writer sweeps
+- ``durable``   disk pools: clean close, repair after an unclean stop
 - ``stored``    whole entries as they move: ``EntryRef``, ``StoredEntry``
 - ``tiers``     chains of pools: spill evicted entries down, promote hits below
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
@@ -62,7 +66,7 @@ from .errors import (
     UntrustedOwnerError,
     ValueTooLargeError,
 )
-from .lifecycle import create, destroy, list_pools, open
+from .lifecycle import adopt, create, destroy, list_pools, open
 from .pool import Pool
 from .prefix import KVLayout, PrefixCache
 from .reports import EvictionResult, PoolStats
@@ -105,6 +109,7 @@ __all__ = [
     "SnapshotInfo",
     "UntrustedOwnerError",
     "ValueTooLargeError",
+    "adopt",
     "create",
     "destroy",
     "format_size",

@@ -13,11 +13,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import owners, segment
+from . import durable, folders, owners, registry, segment
 from .config import PoolConfig
 from .errors import (
     CorruptPoolError,
@@ -26,6 +27,7 @@ from .errors import (
     KVCacheError,
     PoolBusyError,
     PoolDestroyedError,
+    PoolExistsError,
     PoolNotFoundError,
 )
 from .layout import (
@@ -57,10 +59,12 @@ def create(
     verify_reads: bool = False,
     spill_to: str | None = None,
     promote: str = "hit",
+    tier: str = "cpu",
+    path: str | os.PathLike[str] | None = None,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
-    """Create pool ``name`` of ``size`` (``"16G"``) in /dev/shm and open it.
+    """Create pool ``name`` of ``size`` (``"16G"``) and open it.
 
     Args:
         policy: eviction policy, see ``kvcache.policies.POLICIES``.
@@ -79,16 +83,22 @@ def create(
             that opens it follows the same chain.
         promote: what a hit in a lower pool does: ``"hit"`` moves the entry up
             into this pool, ``"never"`` leaves it below.
+        tier: ``cpu`` (shared memory, /dev/shm) or ``disk`` (a file in a folder
+            on a disk: no RAM limit, warm after a restart; see ``kvcache.durable``).
+        path: the folder for the pool's file (must exist); default /dev/shm for
+            ``cpu``, ``$KVCACHE_HOME/disk`` for ``disk`` (see ``kvcache.folders``).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
+        PoolExistsError: a pool of that name exists, in any folder.
         PoolNotFoundError: ``spill_to`` names no pool.
-        PoolExistsError, OutOfSharedMemoryError, InvalidArgument,
+        OutOfSharedMemoryError, InvalidArgument,
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     segment.validate_name(name)
     segment.check_mode(mode, force=force)
+    folder = folders.choose(tier, path)
     promote_word = _promote_word(promote)
     if spill_to is not None:
         check_chain(name, spill_to)
@@ -111,6 +121,7 @@ def create(
         promote=promote_word,
         clock=clock,
         rng=rng,
+        folder=folder,
     )
     _follow_chain(pool, owners.TRUST_SELF, verify_reads, clock, rng, ())
     return pool
@@ -128,6 +139,7 @@ def create_from_config(
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
+    folder: Path | None = None,
 ) -> Pool:
     """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
 
@@ -136,6 +148,7 @@ def create_from_config(
             this does not open the lower pool).
         hidden: keep the segment under a hidden name until
             :func:`publish` (or :func:`discard`); a restore fills it first.
+        folder: a folder from ``folders.choose``; default shared memory.
     """
     geometry = Geometry.for_config(config)
 
@@ -149,9 +162,12 @@ def create_from_config(
             spill_to=spill_to,
             promote=promote,
         )
+        durable.mark_new(seg)
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
-    seg = segment.create(name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden)
+    seg = segment.create(
+        name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden, folder=folder
+    )
     try:
         return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
     except BaseException:
@@ -361,6 +377,8 @@ def destroy(
             other pools spill to it.
         trust_owner, trust_group: destroy another user's pool (see :func:`open`).
 
+    A registered disk pool whose file is gone is forgotten.
+
     Raises:
         PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
     """
@@ -372,14 +390,19 @@ def destroy(
             "first, or pass --force (force=True) to destroy it anyway "
             "(they then drop what they evict)"
         )
-    retire(
-        name,
-        DESTROYED,
-        lambda: segment.unlink(name),
-        force=force,
-        trust_owner=trust_owner,
-        trust_group=trust_group,
-    )
+    try:
+        retire(
+            name,
+            DESTROYED,
+            lambda: segment.unlink(name),
+            force=force,
+            trust_owner=trust_owner,
+            trust_group=trust_group,
+        )
+    except PoolNotFoundError:
+        if registry.lookup(name) is None or os.path.lexists(segment.segment_path(name)):
+            raise
+        registry.forget(name)  # only the record was left
 
 
 def retire(
@@ -409,6 +432,9 @@ def retire(
         try:
             old = _open_unchained(name, trust, False, time.time, None)
         except (IncompatiblePoolError, CorruptPoolError):
+            if _damaged_record(name):
+                registry.forget(name)
+                return
             take_name()  # no pool this kvcache can attach to, so nobody here to tell
             return
         with old:
@@ -454,6 +480,47 @@ def discard(built: Pool) -> None:
     built._segment.path.unlink(missing_ok=True)
 
 
+def _damaged_record(name: str) -> bool:
+    try:
+        registry.lookup(name)
+    except IncompatiblePoolError:
+        return True
+    return False
+
+
 def list_pools() -> list[str]:
-    """Names of all pools on this machine, sorted."""
+    """Names of all pools on this machine (in shared memory, and this user's registered
+    pools in other folders), sorted."""
     return segment.list_names()
+
+
+def adopt(name: str, path: str | os.PathLike[str]) -> None:
+    """Register the existing pool file ``PATH/kvcache.<name>`` under ``name``.
+
+    For a disk pool whose registry record was lost (a new ``$KVCACHE_HOME``),
+    or a copy of a pool's file, placed under the new name in a folder of its
+    own. The file is opened once to check it is a pool this kvcache reads (a
+    copy taken while it was in use is repaired then, see ``kvcache.durable``).
+
+    Raises:
+        PoolExistsError: ``name`` is a pool already.
+        PoolNotFoundError: no file ``kvcache.<name>`` in that folder.
+        InvalidArgument: ``path`` is not a folder.
+        IncompatiblePoolError, UntrustedOwnerError: the file is not a pool of yours.
+    """
+    segment.validate_name(name)
+    folder = folders.matching(path)
+    if segment.is_taken(name):
+        raise PoolExistsError(
+            f"pool '{name}' already exists: destroy it first, or adopt another name"
+        )
+    if not (folder / (segment.PREFIX + name)).is_file():
+        raise PoolNotFoundError(
+            f"no pool file {folder / (segment.PREFIX + name)}: give the folder that holds it"
+        )
+    registry.claim(name, folder)
+    try:
+        open(name).close()
+    except BaseException:
+        registry.forget(name)
+        raise

@@ -16,18 +16,20 @@ copied under the lock, which is cheaper than locking twice.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import stat
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple, TypeVar, overload
 
 import numpy as np
 
-from . import codec, recovery, segment, transfer
+from . import codec, durable, recovery, segment, transfer
 from .allocator import PageAllocator, Run
 from .config import PoolConfig
 from .entries import EntryTable
@@ -36,6 +38,7 @@ from .errors import (
     REPAIR_ADVICE,
     CorruptPoolError,
     InvalidArgument,
+    KVCacheError,
     OutOfSharedMemoryError,
     PoolBusyError,
     PoolDestroyedError,
@@ -62,7 +65,7 @@ from .layout import (
     H,
     Views,
 )
-from .lock import ClosedLock, PoolLock
+from .lock import ClosedLock, PoolLock, closed_error
 from .mapping import READ_ATTEMPTS, Default, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
@@ -139,7 +142,7 @@ class Pool(EvictionMixin, TierMixin):
         rng: np.random.Generator | None = None,
     ) -> None:
         self.name = seg.name
-        self.verify_reads = verify_reads
+        self.verify_reads = verify_reads or seg.on_disk  # see kvcache.durable
         self.config = config
         self._segment = seg
         self._closed = False
@@ -166,11 +169,25 @@ class Pool(EvictionMixin, TierMixin):
         try:
             self._slot, self._serial = self._procs.claim(self._lock.fd)
             with self._lock:
+                if seg.on_disk:
+                    durable.on_open(
+                        seg, self._hq, self._procs, self._slot, geometry, self._repair_after_crash
+                    )
                 self._reclaim_dead_writers()
         except BaseException:
             self._lock.close()
             raise
         _open_pools.add(self)
+
+    @property
+    def tier(self) -> str:
+        """``disk`` if the pool's file is on a disk, ``cpu`` if it is in RAM (shared memory)."""
+        return "disk" if self._segment.on_disk else "cpu"
+
+    @property
+    def path(self) -> Path:
+        """The pool's file."""
+        return self._segment.path
 
     # ----------------------------------------------------------------- writes
 
@@ -441,6 +458,8 @@ class Pool(EvictionMixin, TierMixin):
         if self._below is not None:
             self._below.close()
         try:
+            if self._segment.on_disk:
+                self._close_cleanly()
             with self._lock.closing() as lock_fd:
                 if self._slot >= 0:
                     self._procs.leave(lock_fd, self._slot)
@@ -450,6 +469,34 @@ class Pool(EvictionMixin, TierMixin):
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
             self._views.release()
             self._segment.close()
+
+    def flush(self) -> None:
+        """Make what was stored so far durable: on a disk pool, write every changed page
+        to the disk and wait (``msync`` + ``fsync``); on a pool in RAM, nothing to do.
+
+        Without it a put reaches the disk at the last close, or when the kernel
+        writes dirty pages back (``vm.dirty_expire_centisecs``, 30 s by default).
+
+        Raises:
+            PoolClosedError: the pool was closed here.
+        """
+        if self._closed:
+            raise closed_error(self.name)
+        if self._segment.on_disk:
+            self._segment.flush()
+
+    def _close_cleanly(self) -> None:
+        """The last handle of a disk pool flushes it and marks it clean (``kvcache.durable``)."""
+        try:
+            if self._procs.others_live(self._slot):
+                return
+            self._segment.flush()  # the bulk of it without the lock
+            with self._lock:
+                marked = durable.on_close(self._segment, self._hq, self._procs, self._slot)
+            if marked:
+                self._segment.flush_header()
+        except (KVCacheError, OSError):
+            pass  # destroyed, replaced, damaged or a failed write: unclean, the next open repairs
 
     def __enter__(self) -> Pool:
         return self
@@ -532,12 +579,14 @@ class Pool(EvictionMixin, TierMixin):
         """
         try:
             key_bytes, _ = encode_key(key)
+            self._segment.shed()
             for attempt in range(READ_ATTEMPTS):
                 with self._lock:
                     eid = self._lookup(key_bytes, count=count and attempt == 0)
                     if eid < 0:
                         return None
                     header, payload, generation = self._value_views(eid)
+                    self._segment.touched(self._eq[eid * ENTRY_WORDS + E.value_len])
                     checked = self._summed(eid) if self.verify_reads else None
                     if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
                         if checked is not None and not checked.intact():
@@ -585,6 +634,8 @@ class Pool(EvictionMixin, TierMixin):
         """
         try:
             num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
+            self._segment.touched(num_pages * self._page_size)
+            self._segment.shed()
             if self._below is not None:
                 self._spill(num_pages)
             with self._lock:
@@ -958,3 +1009,14 @@ def _reopen_locks_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reopen_locks_after_fork)
+
+
+def _close_disk_pools_at_exit() -> None:
+    """An interpreter that exits normally without closing its disk pools leaves them clean
+    (flushed and marked, so the next open needs no repair); shared-memory pools need nothing."""
+    for pool in list(_open_pools):
+        if pool._segment.on_disk:
+            pool.close()
+
+
+atexit.register(_close_disk_pools_at_exit)

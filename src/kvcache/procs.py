@@ -135,6 +135,16 @@ class ProcessTable:
             and leases.is_held(self._probe_fd, self._lease_byte(slot))
         )
 
+    def others_live(self, slot: int) -> bool:
+        """Whether a live holder other than the one of ``slot`` has a slot (this process's
+        other handles of the pool count: each holds a slot of its own)."""
+        used = np.flatnonzero(self._table["pid_ns"] != 0).tolist()
+        return any(
+            leases.is_held(self._probe_fd, self._lease_byte(other))
+            for other in used
+            if other != slot
+        )
+
     def live(self) -> list[Identity]:
         """Identities of the live holders, each process once, sorted by pid."""
         table = self._table

@@ -1,7 +1,10 @@
 """Shared-memory files: name checks, exclusive create, attach, reserve, unlink.
 
 A pool is the file ``/dev/shm/kvcache.<name>`` (``$KVCACHE_SHM_DIR`` overrides
-the folder). ``multiprocessing.shared_memory`` is not used: its resource
+the folder), or ``FOLDER/kvcache.<name>`` for a pool created in another folder
+(a disk pool), which ``registry`` records so that the name alone finds it:
+:func:`segment_path` is the one lookup. A name is one pool across all folders.
+``multiprocessing.shared_memory`` is not used: its resource
 tracker unlinks segments when the creating process exits, and a pool must
 outlive ``cortex cache create``.
 
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from . import builds, memory, owners
+from . import builds, memory, owners, registry
 from .errors import (
     AddressSpaceError,
     IncompatiblePoolError,
@@ -56,6 +59,10 @@ _MAP_ADVICE_CREATE = (
     "raise the limit (ulimit -v unlimited) or choose a smaller --size; nothing was created"
 )
 _MAP_ADVICE_OPEN = "raise the limit of the process that opens it (ulimit -v unlimited)"
+RSS_BUDGET_BYTES = 256 << 20
+"""A process's mapping of a disk pool drops its page-table entries (``MADV_DONTNEED``)
+each time this many bytes were copied in or out through it, so its resident memory
+stays bounded however large the pool (see :meth:`Segment.touched`)."""
 
 
 def shm_dir() -> Path:
@@ -119,23 +126,29 @@ def check_mode(mode: int, *, force: bool = False) -> int:
 
 
 def segment_path(name: str) -> Path:
-    """Where pool ``name`` lives."""
-    return shm_dir() / (PREFIX + validate_name(name))
+    """Where pool ``name`` lives: its registered folder, else the shared-memory folder."""
+    folder = registry.lookup(validate_name(name))
+    return (shm_dir() if folder is None else folder) / (PREFIX + name)
+
+
+def is_taken(name: str) -> bool:
+    """Whether ``name`` is a pool in any folder (registered, or a file in shared memory)."""
+    return registry.lookup(name) is not None or os.path.lexists(shm_dir() / (PREFIX + name))
 
 
 def list_names() -> list[str]:
-    """Names of the pools in the shared-memory folder, sorted.
+    """Names of the pools in the shared-memory folder and in the registry, sorted.
 
-    Hidden files of creates and restores whose process died are removed on the way.
+    Hidden files of creates and restores whose process died are removed on the way
+    (from the shared-memory folder; a create in another folder cleans that one).
     """
     try:
         files = os.listdir(shm_dir())
     except FileNotFoundError:
-        return []
+        files = []
     _remove_abandoned_builds(shm_dir(), files)
-    return sorted(
-        f[len(PREFIX) :] for f in files if f.startswith(PREFIX) and _NAME.match(f[len(PREFIX) :])
-    )
+    names = {f[len(PREFIX) :] for f in files if f.startswith(PREFIX)} | set(registry.names())
+    return sorted(name for name in names if _NAME.match(name) and len(name) <= MAX_NAME_CHARS)
 
 
 class Segment:
@@ -154,6 +167,9 @@ class Segment:
         self.path = path
         self.fd = fd
         self.size_bytes = size_bytes
+        self.on_disk = not memory.is_ram_backed(path.parent)
+        """Whether the file is on a disk (tier ``disk``) rather than in RAM (``cpu``)."""
+        self._touched_bytes = 0
         try:
             self.buffer = mmap.mmap(
                 fd, size_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
@@ -185,21 +201,63 @@ class Segment:
             OutOfSharedMemoryError: the shared-memory filesystem is full.
         """
         self.room.require(length, f"pool '{self.name}'", advice)
-        try:
-            os.posix_fallocate(self.fd, offset, length)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise OutOfSharedMemoryError(
-                    f"{self.path.parent} is full ({format_size(length)} more needed for pool "
-                    f"'{self.name}'): destroy unused pools, evict, or enlarge it "
-                    "(mount -o remount,size=... /dev/shm)"
-                ) from exc
-            raise
-        if populate:
+        self.allocate(offset, length)
+        # A disk pool's pages are not prefaulted: they would count towards this
+        # process's resident memory, which ``touched`` keeps bounded.
+        if populate and not self.on_disk:
             start = offset - offset % mmap.PAGESIZE
             # Kernels before 5.14 refuse: pages then fault in one by one instead.
             with contextlib.suppress(OSError):
                 self.buffer.madvise(MADV_POPULATE_WRITE, start, offset + length - start)
+
+    def allocate(self, offset: int, length: int) -> None:
+        """``posix_fallocate`` the range without the memory check (see :meth:`reserve`).
+
+        Raises:
+            OutOfSharedMemoryError: the folder's filesystem is full.
+        """
+        try:
+            os.posix_fallocate(self.fd, offset, length)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT):
+                raise
+            enlarge = (
+                "free disk space there" if self.on_disk else "mount -o remount,size=... /dev/shm"
+            )
+            raise OutOfSharedMemoryError(
+                f"{self.path.parent} is full ({format_size(length)} more needed for pool "
+                f"'{self.name}'): destroy unused pools, evict, or enlarge it ({enlarge})"
+            ) from exc
+
+    def touched(self, num_bytes: int) -> None:
+        """Count bytes copied in or out of a disk pool's pages (cheap: safe under the lock)."""
+        if self.on_disk:
+            self._touched_bytes += num_bytes
+
+    def shed(self) -> None:
+        """Once ``RSS_BUDGET_BYTES`` were touched, unmap the pool from this process.
+
+        ``MADV_DONTNEED`` on a shared file mapping drops only this process's
+        page-table entries: dirty pages stay in the page cache and are written
+        back as usual, and the next access maps them again (a minor fault, no
+        I/O while they are cached). The page cache is the kernel's to reclaim,
+        so a pool far larger than RAM never pins RAM. Call it without the pool
+        lock: dropping 256 MiB of mappings took 5.4 ms here. A pool in RAM (tier
+        ``cpu``) is never unmapped: its pages are RAM either way.
+        """
+        if self._touched_bytes >= RSS_BUDGET_BYTES:
+            self._touched_bytes = 0
+            with contextlib.suppress(ValueError):  # closed meanwhile by another thread
+                self.buffer.madvise(mmap.MADV_DONTNEED)
+
+    def flush(self) -> None:
+        """Write every changed page of the file to its disk and wait (``msync`` + ``fsync``)."""
+        self.buffer.flush()
+        os.fsync(self.fd)
+
+    def flush_header(self) -> None:
+        """Write the header's page to its disk and wait (an ``msync`` of 4 KiB)."""
+        self.buffer.flush(0, mmap.PAGESIZE)
 
     def has_its_name(self) -> bool:
         """Whether the pool's name still names this very file (not removed or replaced)."""
@@ -228,6 +286,7 @@ def create(
     initialise: Callable[[Segment], None],
     *,
     hidden: bool = False,
+    folder: Path | None = None,
 ) -> Segment:
     """Create pool file ``name`` exclusively, reserve its first bytes and initialise it.
 
@@ -239,14 +298,19 @@ def create(
         hidden: leave the segment under its hidden temporary name until
             :func:`publish` (a restore fills it first); a failed create or an
             unpublished, discarded segment leaves no trace.
+        folder: where the file goes (a checked folder, see ``folders.choose``);
+            default the shared-memory folder. Another folder is recorded in
+            the registry when the segment is published.
 
     Raises:
         PoolExistsError, OutOfSharedMemoryError, NotEnoughMemoryError, InvalidArgument,
         AddressSpaceError.
     """
-    final = segment_path(name)
-    if final.exists() and not hidden:
-        raise PoolExistsError(f"pool '{name}' already exists: open it, or destroy it first")
+    final = (shm_dir() if folder is None else folder) / (PREFIX + name)
+    if not hidden and is_taken(name):
+        raise _exists(name, segment_path(name))
+    if not hidden and os.path.lexists(final):
+        raise _exists(name, final)  # a pool file nobody registered: kvcache.adopt takes it in
     _check_capacity(final.parent, size_bytes, name)
     _remove_abandoned_builds(final.parent, os.listdir(final.parent))
     temp = final.parent / f".{PREFIX}{name}.{secrets.token_hex(6)}"
@@ -286,20 +350,41 @@ def publish(segment: Segment, *, replace: bool) -> None:
         PoolExistsError: the name is taken and ``replace`` is False.
         NotOwnerError: the pool to replace belongs to another user.
     """
-    final = segment_path(segment.name)
+    name, folder = segment.name, segment.path.parent
+    final = folder / (PREFIX + name)
+    elsewhere = folder != shm_dir()  # recorded in the registry
     if replace:
+        old = segment_path(name)
+        if old != final and os.path.lexists(final):
+            raise _exists(name, final)  # a file there that is not the pool being replaced
         try:
             os.rename(segment.path, final)
         except PermissionError as exc:
-            _refuse_if_not_owner(final, f"replace pool '{segment.name}'", exc)
+            _refuse_if_not_owner(final, f"replace pool '{name}'", exc)
             raise
+        if elsewhere:
+            registry.record(name, folder)
+        else:
+            registry.forget(name)
+        if old != final:  # the pool moved to another folder: the old file goes
+            old.unlink(missing_ok=True)
     else:
+        if elsewhere:
+            if os.path.lexists(shm_dir() / (PREFIX + name)):
+                raise _exists(name, shm_dir() / (PREFIX + name))
+            registry.claim(name, folder)
+        elif registry.lookup(name) is not None:
+            raise _exists(name, segment_path(name))
         try:
             os.link(segment.path, final)
         except FileExistsError as exc:
-            raise PoolExistsError(
-                f"pool '{segment.name}' already exists: open it, or destroy it first"
-            ) from exc
+            if elsewhere:
+                registry.forget(name)
+            raise _exists(name, final) from exc
+        except BaseException:
+            if elsewhere:
+                registry.forget(name)
+            raise
         os.unlink(segment.path)
     segment.path = final
     builds.release(segment.fd)  # only now: until here a cleaner must see a live builder
@@ -318,6 +403,11 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError as exc:
+        if registry.lookup(name) is not None:
+            raise PoolNotFoundError(
+                f"pool '{name}' is registered in {path.parent} but {path} is gone: "
+                f"cortex cache destroy {name} forgets it"
+            ) from exc
         raise PoolNotFoundError(
             f"no pool named '{name}': create it (cortex cache create {name} --size 1G) "
             "or list pools (cortex cache list)"
@@ -350,6 +440,10 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
         raise
 
 
+def _exists(name: str, path: Path) -> PoolExistsError:
+    return PoolExistsError(f"pool '{name}' already exists ({path}): open it, or destroy it first")
+
+
 def _owner_of(path: Path) -> str:
     """`` (NAME)``: who owns ``path``, for a message; empty if that cannot be told."""
     owner = owners.owner_name(path)
@@ -366,6 +460,9 @@ def unlink(name: str) -> None:
     try:
         os.unlink(segment_path(name))
     except FileNotFoundError as exc:
+        if registry.lookup(name) is not None:
+            registry.forget(name)  # the file went first: forgetting it is all that is left
+            return
         raise PoolNotFoundError(f"no pool named '{name}': see cortex cache list") from exc
     except PermissionError as exc:
         _refuse_if_not_owner(segment_path(name), f"destroy pool '{name}'", exc)
@@ -374,6 +471,7 @@ def unlink(name: str) -> None:
         raise IncompatiblePoolError(
             f"{segment_path(name)} is a directory, not a kvcache pool"
         ) from exc
+    registry.forget(name)
 
 
 def _unmappable(name: str, size_bytes: int, advice: str) -> str:
@@ -428,6 +526,10 @@ def _check_capacity(folder: Path, size_bytes: int, name: str) -> None:
     if capacity and size_bytes > capacity:  # ramfs has no capacity (0): RAM is its limit
         raise OutOfSharedMemoryError(
             f"pool '{name}' needs {format_size(size_bytes)} but {folder} holds at most "
-            f"{format_size(capacity)}: "
-            "choose a smaller --size or enlarge /dev/shm (mount -o remount,size=... /dev/shm)"
+            f"{format_size(capacity)}: choose a smaller --size or "
+            + (
+                "enlarge /dev/shm (mount -o remount,size=... /dev/shm)"
+                if memory.is_ram_backed(folder)
+                else "another --path"
+            )
         )

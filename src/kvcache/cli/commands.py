@@ -58,6 +58,8 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 prealloc=args.prealloc,
                 mode=mode,
                 force=args.force,
+                tier=args.tier,
+                folder=args.path,
                 **_trust(args),
             )
         except PoolExistsError:
@@ -84,9 +86,10 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         force=args.force,
         spill_to=args.spill_to,
         promote=args.promote,
+        tier=args.tier,
+        path=args.path,
     ) as pool:
-        stats, config = pool.stats(), pool.config
-    tier = kvcache.segment.tier_of()
+        stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
         f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
@@ -94,7 +97,12 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     )
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
-    return {"created": stats.to_dict(), "config": config.to_dict(), "tier": tier}
+    return {
+        "created": stats.to_dict(),
+        "config": config.to_dict(),
+        "tier": tier,
+        "path": str(path),
+    }
 
 
 def _snapshot_to_create_from(args: argparse.Namespace) -> Path:
@@ -116,9 +124,8 @@ def _snapshot_to_create_from(args: argparse.Namespace) -> Path:
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    tier = kvcache.segment.tier_of()  # every pool lives in the one folder
     trust = _trust(args)
-    described = [d for d in (_describe_pool(n, tier, trust) for n in kvcache.list_pools()) if d]
+    described = [d for d in (_describe_pool(n, trust) for n in kvcache.list_pools()) if d]
     docs = [doc for doc, _ in described]
     rows = [row for _, row in described]
     if rows:
@@ -136,20 +143,24 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def _describe_pool(
-    name: str, tier: str, trust: dict[str, Any]
+    name: str, trust: dict[str, Any]
 ) -> tuple[dict[str, object], tuple[object, ...]] | None:
     """``list``'s JSON document and table row for one listed pool; None if it went away.
 
     A pool that cannot be opened is still listed, with why and whose it is (its
     owner, as a name): another user's pool is not opened unless trusted.
     """
-    path = kvcache.segment.segment_path(name)
     try:
         with kvcache.open(name, **trust) as pool:
-            stats = pool.stats()
+            stats, tier = pool.stats(), pool.tier
     except KVCacheError as exc:
-        if isinstance(exc, PoolNotFoundError) and not path.exists():
-            return None  # destroyed since it was listed (another user's pool is still shown)
+        path = _recorded_path(name)
+        if path is None or (isinstance(exc, PoolNotFoundError) and not path.exists()):
+            if path is not None and path.parent == kvcache.segment.shm_dir():
+                return None  # destroyed since it was listed (another user's pool is still shown)
+            # A registered pool whose file is gone (or whose record is damaged): destroy forgets it.
+            gone: dict[str, object] = {"name": name, "error": str(exc), "path": str(path)}
+            return gone, (name, "-", "-", "-", "-", "missing", "disk")
         doc: dict[str, object] = {"name": name, "error": str(exc), "owner": owners.owner_name(path)}
         shown = "untrusted" if isinstance(exc, UntrustedOwnerError) else "unreadable"
         return doc, (name, "-", "-", "-", "-", shown, "-")
@@ -165,11 +176,19 @@ def _describe_pool(
     return {**stats.to_dict(), "tier": tier}, row
 
 
+def _recorded_path(name: str) -> Path | None:
+    """Where pool ``name`` should be, or None if even that cannot be told (a damaged record)."""
+    try:
+        return kvcache.segment.segment_path(name)
+    except KVCacheError:
+        return None
+
+
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.name is None:
         return list_pools(args, out)
     with kvcache.open(args.name, **_trust(args)) as pool:
-        stats, config = pool.stats(), pool.config
+        stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
         below = _chain_below(pool)
     # This command's own process is attached while it reads: leave it out.
     others = tuple(pid for pid in stats.attached if pid != os.getpid())
@@ -180,8 +199,8 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     doc = {
         **stats.to_dict(),
         "config": config.to_dict(),
-        "tier": kvcache.segment.tier_of(),
-        "path": str(kvcache.segment.segment_path(args.name)),
+        "tier": tier,
+        "path": str(path),
         "snapshot": {"path": str(snapshot), "age_s": snapshot_age}
         if snapshot_age is not None
         else None,
@@ -237,7 +256,8 @@ def _chain_below(pool: kvcache.Pool) -> list[dict[str, Any]]:
         docs.append(
             {
                 **stats.to_dict(),
-                "tier": kvcache.segment.tier_of(kvcache.segment.segment_path(lower.name).parent),
+                "tier": lower.tier,
+                "path": str(lower.path),
                 "num_attached": stats.num_attached - 1,
             }
         )
@@ -348,6 +368,8 @@ def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 mode=mode,
                 force=args.force,
                 progress=progress,
+                tier=args.tier,
+                folder=args.folder,
                 **_trust(args),
             )
         except PoolExistsError:
@@ -379,8 +401,15 @@ def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, **_trust(args)) as pool:
-        stats = pool.stats()
+    try:
+        with kvcache.open(args.name, **_trust(args)) as pool:
+            stats = pool.stats()
+    except PoolNotFoundError:
+        if not kvcache.segment.is_taken(args.name):
+            raise
+        kvcache.destroy(args.name)  # a disk pool whose file is gone: only its record is left
+        out.line(f"forgot pool '{args.name}': its file was gone already")
+        return {"destroyed": args.name, "num_entries": 0}
     if not args.yes:
         _confirm_destroy(args.name, stats)
     kvcache.destroy(args.name, force=args.force, **_trust(args))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .. import __version__
+from ..folders import TIERS
 from ..policies import POLICIES
 from ..pool import ENTRY_SORTS
 
@@ -87,8 +88,14 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--tier",
         default="cpu",
-        choices=["cpu"],
-        help="where pages live: cpu (shared memory), the only tier so far",
+        choices=TIERS,
+        help="where pages live: cpu (shared memory, default) or disk (a file in --path)",
+    )
+    p.add_argument(
+        "--path",
+        metavar="FOLDER",
+        help="an existing folder for the pool's file (default /dev/shm for cpu, "
+        "$KVCACHE_HOME/disk for disk)",
     )
     p.add_argument(
         "--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)} (default lru)"
@@ -176,6 +183,12 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--path", help="snapshot file (default: the pool's default path)")
     p.add_argument("--replace", action="store_true", help="replace the pool if it exists")
+    p.add_argument(
+        "--tier", choices=TIERS, help="cpu or disk (default: the replaced pool's, else cpu)"
+    )
+    p.add_argument(
+        "--folder", help="folder for the pool's file (as create --path; default by --tier)"
+    )
     p.add_argument(
         "--size", help="a different pool size (if smaller, the policy decides what stays)"
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import memory, owners, segment
+from .. import folders, memory, owners, segment
 from ..config import PoolConfig
 from ..errors import (
     InvalidArgument,
@@ -206,6 +206,8 @@ def restore(
     progress: Progress | None = None,
     trust_owner: str | int | None = None,
     trust_group: bool = False,
+    tier: str | None = None,
+    folder: str | os.PathLike[str] | None = None,
 ) -> Pool:
     """Recreate pool ``name`` from a snapshot and open it (see :func:`restore_with_report`)."""
     pool, _ = restore_with_report(
@@ -220,6 +222,8 @@ def restore(
         progress=progress,
         trust_owner=trust_owner,
         trust_group=trust_group,
+        tier=tier,
+        folder=folder,
     )
     return pool
 
@@ -237,6 +241,8 @@ def restore_with_report(
     progress: Progress | None = None,
     trust_owner: str | int | None = None,
     trust_group: bool = False,
+    tier: str | None = None,
+    folder: str | os.PathLike[str] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> tuple[Pool, RestoreReport]:
     """Recreate pool ``name`` from a snapshot, with the snapshot's configuration and mode.
@@ -258,6 +264,9 @@ def restore_with_report(
         trust_owner, trust_group: accept a snapshot file (and a pool to replace)
             of another user (see :func:`kvcache.open`); by default only the
             caller's own and root's are.
+        tier, folder: where the new pool's file goes (see :func:`kvcache.create`'s
+            ``tier`` and ``path``); default the folder of the disk pool it
+            replaces, else shared memory.
         clock: wall clock, to leave out entries that expired meanwhile.
 
     Raises:
@@ -272,6 +281,7 @@ def restore_with_report(
         raise InvalidArgument("give restore a size or a config, not both: the config has a size")
     source = Path(path) if path is not None else files.default_path(name)
     trust = {"trust_owner": trust_owner, "trust_group": trust_group}
+    target = folders.for_restore(name, replace, tier, folder)
     if not replace and name in segment.list_names():
         raise PoolExistsError(
             f"pool '{name}' already exists: restore with replace=True, or destroy it first"
@@ -297,7 +307,7 @@ def restore_with_report(
         chosen = chosen[np.argsort(records["offset"][chosen], kind="stable")]  # read sequentially
         # Fail now rather than after filling most of the pool; each reservation
         # is checked again as it happens (memory may go to others meanwhile).
-        memory.Room(segment.shm_dir()).require(
+        memory.Room(target).require(
             int(_pages(records[chosen], config).sum()) * config.page_size_bytes,
             f"restoring pool '{name}'",
             "restore into a smaller --size, destroy unused pools, or free memory",
@@ -313,6 +323,7 @@ def restore_with_report(
             promote=promote,
             clock=clock,
             hidden=True,
+            folder=target,
         )
         try:
             skipped = _load(reader, builder, records, chosen, progress)

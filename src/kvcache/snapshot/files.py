@@ -25,16 +25,14 @@ from pathlib import Path
 
 from .. import builds
 from ..errors import SnapshotError
+from ..home import kvcache_home
 
 SUFFIX = ".kvsnap"
 
 
 def snapshot_home() -> Path:
-    """``$KVCACHE_HOME``, else ``$XDG_DATA_HOME/kvcache``, else ``~/.local/share/kvcache``."""
-    if os.environ.get("KVCACHE_HOME"):
-        return Path(os.environ["KVCACHE_HOME"])
-    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(data_home) / "kvcache"
+    """Where default snapshots go: the kvcache home (see :mod:`kvcache.home`)."""
+    return kvcache_home()
 
 
 def default_path(name: str) -> Path:

@@ -1,0 +1,403 @@
+"""Disk pools: real files in real disk folders, found by name through the registry."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import registry, segment
+from kvcache.layout import HEADER_BYTES, Geometry, H
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem needs root")
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Path:
+    """A folder on a disk (pytest's tmp_path must be on one for these tests to mean anything)."""
+    if segment.tier_of(tmp_path) != "disk":
+        pytest.skip(f"{tmp_path} is not on a disk filesystem")
+    folder = tmp_path / "pools"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def names() -> Iterator[list[str]]:
+    """Pool names for a test; whatever pools carry them are destroyed afterwards."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        with contextlib.suppress(kvcache.KVCacheError):
+            kvcache.destroy(name, force=True)
+
+
+def _name(names: list[str]) -> str:
+    names.append(f"disk-{uuid.uuid4().hex[:10]}")
+    return names[-1]
+
+
+def _header_word(path: Path, word: int) -> int:
+    with open(path, "rb") as f:
+        return int(np.frombuffer(f.read(HEADER_BYTES), "<i8")[word])
+
+
+@contextlib.contextmanager
+def _mounted(target: Path, *options: str) -> Iterator[Path]:
+    target.mkdir(exist_ok=True)
+    subprocess.run(["mount", *options, str(target)], check=True, capture_output=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=True, capture_output=True)
+
+
+def test_a_disk_pool_is_a_file_in_its_folder_found_by_name(disk, names, private_home):
+    name = _name(names)
+    with kvcache.create(name, "4M", tier="disk", path=disk) as pool:
+        pool.put("k", b"v" * 1000)
+        assert pool.tier == "disk" and pool.path == disk / f"kvcache.{name}"
+        assert pool.verify_reads  # forced on for disk pools
+    file = disk / f"kvcache.{name}"
+    assert stat.S_IMODE(file.stat().st_mode) == 0o600
+    record = private_home / "pools" / name
+    assert record.read_text() == str(disk)
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert stat.S_IMODE(record.parent.stat().st_mode) == 0o700
+    assert not (segment.shm_dir() / f"kvcache.{name}").exists()
+    assert name in kvcache.list_pools()
+    with kvcache.open(name) as pool:
+        assert pool.get("k") == b"v" * 1000
+    kvcache.destroy(name)
+    assert not file.exists() and not record.exists()
+    assert name not in kvcache.list_pools()
+
+
+def test_without_a_path_a_disk_pool_goes_under_kvcache_home(names, private_home):
+    if segment.tier_of(private_home) != "disk":
+        pytest.skip("$KVCACHE_HOME is not on a disk here")
+    name = _name(names)
+    with kvcache.create(name, "1M", tier="disk") as pool:
+        assert pool.path == private_home / "disk" / f"kvcache.{name}"
+    assert stat.S_IMODE((private_home / "disk").stat().st_mode) == 0o700
+
+
+def test_a_relative_path_is_recorded_as_the_absolute_folder(disk, names, monkeypatch):
+    name = _name(names)
+    monkeypatch.chdir(disk.parent)
+    kvcache.create(name, "1M", tier="disk", path=disk.name).close()
+    assert registry.lookup(name) == disk
+    monkeypatch.chdir("/")
+    kvcache.open(name).close()
+
+
+def test_one_name_is_one_pool_across_tiers(disk, names):
+    name = _name(names)
+    kvcache.create(name, "1M").close()  # shared memory
+    with pytest.raises(kvcache.PoolExistsError, match="already exists"):
+        kvcache.create(name, "1M", tier="disk", path=disk)
+    assert not (disk / f"kvcache.{name}").exists() and registry.lookup(name) is None
+    other = _name(names)
+    kvcache.create(other, "1M", tier="disk", path=disk).close()
+    with pytest.raises(kvcache.PoolExistsError, match=str(disk)):
+        kvcache.create(other, "1M")
+    with pytest.raises(kvcache.PoolExistsError):
+        kvcache.create(other, "1M", tier="disk", path=disk)
+    assert not (segment.shm_dir() / f"kvcache.{other}").exists()
+
+
+@pytest.mark.parametrize(
+    ("tier", "where", "message"),
+    [
+        ("disk", "missing", "does not exist"),
+        ("disk", "file", "is not a folder"),
+        ("disk", "ram", "is in RAM"),
+        ("cpu", "disk", "is on a disk"),
+        ("tape", "disk", "unknown tier"),
+    ],
+)
+def test_bad_folders_are_refused_and_leave_nothing(disk, names, tier, where, message):
+    name = _name(names)
+    (disk / "a-file").write_bytes(b"")
+    path = {
+        "missing": disk / "nope",
+        "file": disk / "a-file",
+        "ram": segment.shm_dir() if segment.tier_of() == "cpu" else Path("/dev/shm"),
+        "disk": disk,
+    }[where]
+    if where == "ram" and segment.tier_of(path) != "cpu":
+        pytest.skip("no RAM-backed folder here")
+    with pytest.raises(kvcache.InvalidArgument, match=message):
+        kvcache.create(name, "1M", tier=tier, path=path)
+    assert name not in kvcache.list_pools()
+    assert sorted(os.listdir(disk)) == ["a-file"]
+
+
+@needs_root
+def test_a_read_only_folder_is_refused(disk, names, tmp_path):
+    name = _name(names)
+    with _mounted(tmp_path / "ro", "--bind", "-o", "ro", str(disk)) as ro:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+        with pytest.raises(kvcache.InvalidArgument, match="not writable"):
+            kvcache.create(name, "1M", tier="disk", path=ro)
+    assert name not in kvcache.list_pools()
+
+
+def test_warm_after_every_process_closed_it(disk, names):
+    name = _name(names)
+    with kvcache.create(name, "8M", tier="disk", path=disk, page_size="4K") as pool:
+        for i in range(200):
+            pool.put(f"k{i}", bytes([i % 256]) * (100 + 97 * i))
+        assert _header_word(pool.path, H.clean) == 0  # open: not clean
+    file = disk / f"kvcache.{name}"
+    assert _header_word(file, H.clean) == 1  # the last close flushed it and marked it
+    with kvcache.open(name) as pool:
+        stats = pool.stats()
+        assert (stats.num_entries, stats.repairs, stats.damaged) == (200, 0, 0)
+        assert all(pool.get(f"k{i}") == bytes([i % 256]) * (100 + 97 * i) for i in range(200))
+        assert pool.check() == []
+
+
+def test_a_second_handle_closing_does_not_mark_it_clean(disk, names):
+    name = _name(names)
+    first = kvcache.create(name, "1M", tier="disk", path=disk)
+    kvcache.open(name).close()
+    assert _header_word(first.path, H.clean) == 0
+    first.close()
+    assert _header_word(disk / f"kvcache.{name}", H.clean) == 1
+
+
+def test_an_unclean_file_is_repaired_at_first_open(disk, names):
+    """clean == 0 with nobody attached: a kill, a power loss or a copy; open repairs."""
+    name = _name(names)
+    with kvcache.create(name, "1M", tier="disk", path=disk) as pool:
+        pool.put("k", b"value")
+    file = disk / f"kvcache.{name}"
+    with open(file, "r+b") as f:
+        os.pwrite(f.fileno(), (0).to_bytes(8, "little"), H.clean * 8)
+    with kvcache.open(name) as pool:
+        assert pool.stats().repairs == 1
+        assert pool.get("k") == b"value"
+        assert pool.check() == []
+
+
+def test_flipped_bytes_in_a_data_page_are_a_miss_and_counted(disk, names):
+    name = _name(names)
+    value = bytes(range(256)) * 64
+    with kvcache.create(name, "1M", tier="disk", path=disk, page_size="16K") as pool:
+        pool.put("victim", value)
+        pool.put("bystander", b"b" * 5000)
+        data_offset = Geometry.for_config(pool.config).data_offset
+    first_page = data_offset  # the first put took page 0
+    with open(disk / f"kvcache.{name}", "r+b") as f:
+        spot = first_page + 1000
+        old = os.pread(f.fileno(), 1, spot)
+        os.pwrite(f.fileno(), bytes([old[0] ^ 0xFF]), spot)
+    with kvcache.open(name) as pool:
+        assert pool.get("victim") is None
+        assert "victim" not in pool
+        assert pool.stats().damaged == 1
+        assert pool.get("bystander") == b"b" * 5000
+        assert pool.check() == []
+
+
+def test_flush_then_a_copy_opens_with_every_entry(disk, names, tmp_path):
+    """What flush() wrote is in the file (a copy taken now has it all)."""
+    name, copy = _name(names), _name(names)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    with kvcache.create(name, "4M", tier="disk", path=disk) as pool:
+        for i in range(20):
+            pool.put(f"k{i}", str(i).encode() * 1000)
+        pool.flush()
+        shutil.copyfile(pool.path, other / f"kvcache.{copy}")
+    kvcache.adopt(copy, other)
+    with kvcache.open(copy) as pool:
+        assert pool.stats().repairs == 1  # copied while open: not clean
+        assert all(pool.get(f"k{i}") == str(i).encode() * 1000 for i in range(20))
+        assert pool.check() == []
+
+
+def test_adopt_registers_a_pool_file_again_after_home_was_lost(disk, names, tmp_path, monkeypatch):
+    name = _name(names)
+    with kvcache.create(name, "1M", tier="disk", path=disk) as pool:
+        pool.put("k", b"v")
+    monkeypatch.setenv("KVCACHE_HOME", str(tmp_path / "new-home"))
+    assert name not in kvcache.list_pools()
+    with pytest.raises(kvcache.PoolExistsError, match="adopt"):
+        kvcache.create(name, "1M", tier="disk", path=disk)
+    kvcache.adopt(name, disk)
+    with kvcache.open(name) as pool:
+        assert pool.get("k") == b"v"
+    with pytest.raises(kvcache.PoolExistsError):
+        kvcache.adopt(name, disk)
+    with pytest.raises(kvcache.PoolNotFoundError):
+        kvcache.adopt(_name(names), disk)
+
+
+def test_a_record_whose_file_is_gone_is_listed_and_destroy_forgets_it(disk, names):
+    name = _name(names)
+    kvcache.create(name, "1M", tier="disk", path=disk).close()
+    (disk / f"kvcache.{name}").unlink()
+    assert name in kvcache.list_pools()
+    with pytest.raises(kvcache.PoolNotFoundError, match="is gone"):
+        kvcache.open(name)
+    kvcache.destroy(name)
+    assert name not in kvcache.list_pools() and registry.lookup(name) is None
+
+
+def test_a_damaged_record_is_a_clear_error_and_destroy_forgets_it(names, private_home):
+    name = _name(names)
+    (private_home / "pools").mkdir(mode=0o700)
+    (private_home / "pools" / name).write_text("not/absolute")
+    with pytest.raises(kvcache.IncompatiblePoolError, match="damaged"):
+        kvcache.open(name)
+    kvcache.destroy(name)
+    assert name not in kvcache.list_pools()
+
+
+def test_restore_into_a_disk_folder_and_replace_keeps_it_there(disk, names, tmp_path):
+    name = _name(names)
+    with kvcache.create(name, "2M") as pool:  # shared memory
+        pool.put("k", b"v" * 3000)
+        snapshot = pool.persist(tmp_path / "s.kvsnap")
+    with kvcache.restore(name, snapshot, replace=True, tier="disk", folder=disk) as pool:
+        assert pool.tier == "disk" and pool.get("k") == b"v" * 3000
+    assert not (segment.shm_dir() / f"kvcache.{name}").exists()  # moved, not copied
+    with kvcache.restore(name, snapshot, replace=True) as pool:  # default: where it was
+        assert pool.path == disk / f"kvcache.{name}"
+    with kvcache.open(name) as pool:
+        assert pool.stats().repairs == 0 and pool.get("k") == b"v" * 3000
+
+
+def test_restore_refuses_a_folder_that_does_not_match_its_tier(disk, names, tmp_path):
+    name = _name(names)
+    with kvcache.create(name, "1M") as pool:
+        snapshot = pool.persist(tmp_path / "s.kvsnap")
+    with pytest.raises(kvcache.InvalidArgument, match="is on a disk"):
+        kvcache.restore(name, snapshot, replace=True, tier="cpu", folder=disk)
+    assert os.listdir(disk) == []
+
+
+# ------------------------------------------------------------------ full device
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB ext4 filesystem on a loop device, mounted for the test (root only)."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("a loop-device filesystem needs root and mkfs.ext4")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    try:
+        with _mounted(tmp_path / "small", "-o", "loop", str(image)) as mount:
+            yield mount
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot mount a loop device here: {exc.stderr.decode().strip()}")
+
+
+def _fill(folder: Path, leave_bytes: int) -> None:
+    """Take the folder's free space down to about ``leave_bytes``."""
+    fs = os.statvfs(folder)
+    free = fs.f_bavail * fs.f_frsize
+    with open(folder / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, max(0, free - leave_bytes))
+
+
+@needs_root
+def test_a_full_disk_is_a_clear_error_and_puts_evict_within_reserved(small_disk, names):
+    name = _name(names)
+    with kvcache.create(name, "16M", tier="disk", path=small_disk, page_size="64K") as pool:
+        pool.put("first", b"a" * (4 << 20))  # reserves 8 MiB of pages
+        _fill(small_disk, 1 << 20)
+        for i in range(6):  # more than the reserved pages hold: earlier entries make way
+            pool.put(f"k{i}", bytes([i]) * (2 << 20))
+        assert pool.stats().evictions > 0
+        assert pool.get("k5") == bytes([5]) * (2 << 20)
+        with pytest.raises(kvcache.OutOfSharedMemoryError, match="disk space"):
+            pool.put("huge", b"h" * (12 << 20))  # larger than every reserved page
+        assert pool.check() == []
+
+
+@needs_root
+def test_create_prealloc_on_a_full_disk_is_a_clear_error(small_disk, names):
+    name = _name(names)
+    _fill(small_disk, 2 << 20)
+    with pytest.raises(kvcache.NotEnoughMemoryError, match="disk space"):
+        kvcache.create(name, "16M", tier="disk", path=small_disk, prealloc=True)
+    assert name not in kvcache.list_pools()
+    assert sorted(os.listdir(small_disk)) == ["filler", "lost+found"]
+
+
+def test_a_pool_larger_than_its_disk_is_refused(disk, names):
+    capacity = os.statvfs(disk).f_blocks * os.statvfs(disk).f_frsize
+    with pytest.raises(kvcache.OutOfSharedMemoryError, match="another --path"):
+        kvcache.create(_name(names), capacity * 2, tier="disk", path=disk)
+
+
+# ------------------------------------------------------------ no limit from RAM
+
+_RSS_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import kvcache
+
+    def memory():
+        fields = {}
+        for line in open("/proc/self/status"):
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                fields[key] = int(value.split()[0]) << 10
+        return fields
+
+    name, folder, size, gib = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    value_bytes = 1 << 20
+    with kvcache.create(name, size, tier="disk", path=folder) as pool:
+        for i in range(gib << 10):
+            pool.put(i.to_bytes(4, "little"), bytes([i % 251]) * value_bytes)
+        after_puts = memory()
+        buffer = bytearray(value_bytes)
+        for i in range(gib << 10):
+            assert pool.get_into(i.to_bytes(4, "little"), buffer) == value_bytes
+            assert buffer[0] == buffer[-1] == i % 251
+        after_gets = memory()
+        assert pool.stats().num_entries == gib << 10
+    print(json.dumps({"after_puts": after_puts, "after_gets": after_gets}))
+    """
+)
+RSS_BOUND_BYTES = 768 << 20
+"""Budget (256 MiB of mapped pages) + metadata pages touched + the interpreter and numpy."""
+
+
+def test_a_64g_disk_pool_on_a_smaller_machine_keeps_rss_bounded(disk, names):
+    fs = os.statvfs(disk)
+    if fs.f_blocks * fs.f_frsize < 65 << 30 or fs.f_bavail * fs.f_frsize < 8 << 30:
+        pytest.skip("needs a disk of over 64 GiB with 8 GiB free under tmp_path")
+    name = _name(names)
+    result = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, name, str(disk), "64G", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    print(figures)  # with -s: the measured RssFile/RssAnon
+    for stage in ("after_puts", "after_gets"):
+        assert figures[stage]["VmHWM"] < RSS_BOUND_BYTES, figures
+    assert (disk / f"kvcache.{name}").stat().st_size > 64 << 30
