@@ -35,17 +35,20 @@ def names() -> Iterator[Callable[[], str]]:
             kvcache.destroy(name, force=True)
 
 
-@pytest.fixture
-def chain(names) -> Iterator[Callable[..., list[kvcache.Pool]]]:
-    """``chain(sizes..., promote=...)``: pools top first, each spilling to the next."""
+@pytest.fixture(params=["cpu", "disk"])
+def chain(request, names, tmp_path) -> Iterator[Callable[..., list[kvcache.Pool]]]:
+    """``chain(sizes..., promote=...)``: pools top first, each spilling to the next; the
+    bottom one in shared memory, then (the same tests again) a disk pool in a disk folder."""
     opened: list[kvcache.Pool] = []
+    bottom = {"tier": request.param, "path": tmp_path} if request.param == "disk" else {}
 
     def make(*sizes: str, promote: str = "hit", **kwargs: object) -> list[kvcache.Pool]:
         pools: list[kvcache.Pool] = []
         lower = None
         for size in reversed(sizes):
+            where = {} if lower else bottom
             pool = kvcache.create(
-                names(), size, page_size=PAGE, spill_to=lower, promote=promote, **kwargs
+                names(), size, page_size=PAGE, spill_to=lower, promote=promote, **where, **kwargs
             )
             pools.insert(0, pool)
             lower = pool.name
