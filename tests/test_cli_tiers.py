@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import pytest
 
 import kvcache
-from test_cli import cortex, cortex_json
+from test_cli import cortex, cortex_json, put_from_another_process
 
 
 @pytest.fixture
@@ -26,23 +24,12 @@ def names():
             kvcache.destroy(name, force=True)
 
 
-def _fill(name: str, count: int) -> None:
-    code = (
-        "import kvcache\n"
-        f"pool = kvcache.open({name!r})\n"
-        f"for i in range({count}):\n"
-        "    pool.put(f'k{i}', bytes([i % 256]) * 3000)\n"
-        "assert pool.get('k0') == bytes([0]) * 3000\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
 def test_create_with_spill_to_and_status_shows_the_chain_per_tier(names, tmp_path):
     low, up = names(), names()
     cortex_json("create", low, "--size", "4M", "--page-size", "4K")
     created = cortex("create", up, "--size", "256K", "--page-size", "4K", "--spill-to", low)
     assert created.returncode == 0 and f"spills to '{low}'" in created.stdout
-    _fill(up, 200)
+    put_from_another_process(up, 200)
     status = cortex_json("status", up)
     assert status["spill_to"] == low and status["spills"] > 0 and status["promotions"] == 1
     (lower,) = status["chain"]
@@ -59,7 +46,7 @@ def test_promote_never_is_recorded_and_followed(names):
     cortex_json("create", low, "--size", "4M", "--page-size", "4K")
     cortex_json("create", up, "--size", "256K", "--page-size", "4K", "--spill-to", low,
                 "--promote", "never")  # fmt: skip
-    _fill(up, 200)
+    put_from_another_process(up, 200)
     assert cortex_json("status", up)["promotions"] == 0
 
 

@@ -272,7 +272,7 @@ def test_restore_into_a_disk_folder_and_replace_keeps_it_there(disk, names, tmp_
     name = _name(names)
     with kvcache.create(name, "2M") as pool:  # shared memory
         pool.put("k", b"v" * 3000)
-        snapshot = pool.persist(tmp_path / "s.kvsnap")
+        snapshot = kvcache.persist(pool, tmp_path / "s.kvsnap")
     with kvcache.restore(name, snapshot, replace=True, tier="disk", folder=disk) as pool:
         assert pool.tier == "disk" and pool.get("k") == b"v" * 3000
     assert not (segment.shm_dir() / f"kvcache.{name}").exists()  # moved, not copied
@@ -285,7 +285,7 @@ def test_restore_into_a_disk_folder_and_replace_keeps_it_there(disk, names, tmp_
 def test_restore_refuses_a_folder_that_does_not_match_its_tier(disk, names, tmp_path):
     name = _name(names)
     with kvcache.create(name, "1M") as pool:
-        snapshot = pool.persist(tmp_path / "s.kvsnap")
+        snapshot = kvcache.persist(pool, tmp_path / "s.kvsnap")
     with pytest.raises(kvcache.InvalidArgument, match="is on a disk"):
         kvcache.restore(name, snapshot, replace=True, tier="cpu", folder=disk)
     assert os.listdir(disk) == []

@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def create(
         rng=rng,
         folder=folder,
     )
-    _follow_chain(pool, owners.TRUST_SELF, verify_reads, clock, rng, ())
+    _follow_chain(pool, _Handles(owners.TRUST_SELF, verify_reads, clock, rng), ())
     return pool
 
 
@@ -211,46 +212,40 @@ def open(
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     trust = owners.Trust.build(trust_owner, trust_group)
-    return _open_chain(name, trust, verify_reads, clock, rng, ())
+    return _open_chain(name, _Handles(trust, verify_reads, clock, rng), ())
 
 
-def _open_chain(
-    name: str,
-    trust: owners.Trust,
-    verify_reads: bool,
-    clock: Callable[[], float],
-    rng: np.random.Generator | None,
-    above: tuple[str, ...],
-) -> Pool:
+@dataclass(frozen=True)
+class _Handles:
+    """How the handles of one open are made, for every pool of its chain alike."""
+
+    trust: owners.Trust
+    verify_reads: bool = False
+    clock: Callable[[], float] = time.time
+    rng: np.random.Generator | None = None
+
+
+_PLAIN = _Handles(owners.TRUST_SELF)
+"""The caller's own pools, as ``open(name)`` opens them."""
+
+
+def _open_chain(name: str, how: _Handles, above: tuple[str, ...]) -> Pool:
     """Open ``name`` and the pools below it; ``above`` are the pools that lead here."""
-    pool = _open_unchained(name, trust, verify_reads, clock, rng)
-    _follow_chain(pool, trust, verify_reads, clock, rng, above)
+    pool = _open_unchained(name, how)
+    _follow_chain(pool, how, above)
     return pool
 
 
-def _open_unchained(
-    name: str,
-    trust: owners.Trust,
-    verify_reads: bool,
-    clock: Callable[[], float],
-    rng: np.random.Generator | None,
-) -> Pool:
+def _open_unchained(name: str, how: _Handles) -> Pool:
     for _ in range(OPEN_ATTEMPTS - 1):
         try:
-            return _open_once(name, trust, verify_reads, clock, rng)
+            return _open_once(name, how)
         except PoolDestroyedError:
             continue  # swapped between opening the file and locking it: look the name up again
-    return _open_once(name, trust, verify_reads, clock, rng)
+    return _open_once(name, how)
 
 
-def _follow_chain(
-    pool: Pool,
-    trust: owners.Trust,
-    verify_reads: bool,
-    clock: Callable[[], float],
-    rng: np.random.Generator | None,
-    above: tuple[str, ...],
-) -> None:
+def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
     """Attach the lower pool the header names (opened now, and again if it goes away)."""
     target = stored_spill_to(pool)
     if target is None:
@@ -263,7 +258,7 @@ def _follow_chain(
                 f"pools {' -> '.join((*chain, target))} spill to each other in a cycle: "
                 f"destroy '{target}' and create it again without --spill-to"
             )
-        return _open_chain(target, trust, verify_reads, clock, rng, chain)
+        return _open_chain(target, how, chain)
 
     pool._below = Below(target, open_lower)
 
@@ -288,7 +283,7 @@ def chain_of(name: str) -> tuple[str | None, int]:
     """Pool ``name``'s link: (its lower pool or None, its promote word); (None,
     PROMOTE_ON_HIT) if it names none or cannot be opened."""
     try:
-        with _open_unchained(name, owners.TRUST_SELF, False, time.time, None) as pool:
+        with _open_unchained(name, _PLAIN) as pool:
             return stored_spill_to(pool), pool._promote
     except KVCacheError:
         return None, PROMOTE_ON_HIT
@@ -336,17 +331,13 @@ def _promote_word(promote: str) -> int:
     return words[promote]
 
 
-def _open_once(
-    name: str,
-    trust: owners.Trust,
-    verify_reads: bool,
-    clock: Callable[[], float],
-    rng: np.random.Generator | None,
-) -> Pool:
-    seg = segment.attach(name, trust)
+def _open_once(name: str, how: _Handles) -> Pool:
+    seg = segment.attach(name, how.trust)
     try:
         config, geometry = read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
-        return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
+        return Pool(
+            seg, config, geometry, verify_reads=how.verify_reads, clock=how.clock, rng=how.rng
+        )
     except BaseException:
         seg.close()
         raise
@@ -430,7 +421,7 @@ def retire(
     trust = owners.Trust.build(trust_owner, trust_group)
     for _ in range(OPEN_ATTEMPTS):
         try:
-            old = _open_unchained(name, trust, False, time.time, None)
+            old = _open_unchained(name, _Handles(trust))
         except (IncompatiblePoolError, CorruptPoolError):
             if _damaged_record(name):
                 registry.forget(name)
