@@ -6,6 +6,9 @@ default disk pools), so no registry record outlives its test or meets another's.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,3 +66,20 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A fresh folder on a disk file system, for disk pools: under pytest's ``tmp_path``
+    if that is on a disk, else under ``/var/tmp`` or the checkout (removed afterwards)."""
+    for parent in (tmp_path, Path("/var/tmp"), Path(__file__).resolve().parent):
+        if (
+            parent.is_dir()
+            and kvcache.segment.tier_of(parent) == "disk"
+            and os.access(parent, os.W_OK)
+        ):
+            folder = Path(tempfile.mkdtemp(prefix="kvcache-disk-", dir=parent))
+            yield folder
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+    pytest.fail("no folder on a disk file system to put disk pools in (tmp_path, /var/tmp)")

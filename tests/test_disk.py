@@ -25,16 +25,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Path:
-    """A folder on a disk (pytest's tmp_path must be on one for these tests to mean anything)."""
-    if segment.tier_of(tmp_path) != "disk":
-        pytest.skip(f"{tmp_path} is not on a disk filesystem")
-    folder = tmp_path / "pools"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def names() -> Iterator[list[str]]:
     """Pool names for a test; whatever pools carry them are destroyed afterwards."""
     made: list[str] = []

@@ -36,11 +36,11 @@ def names() -> Iterator[Callable[[], str]]:
 
 
 @pytest.fixture(params=["cpu", "disk"])
-def chain(request, names, tmp_path) -> Iterator[Callable[..., list[kvcache.Pool]]]:
+def chain(request, names, disk) -> Iterator[Callable[..., list[kvcache.Pool]]]:
     """``chain(sizes..., promote=...)``: pools top first, each spilling to the next; the
     bottom one in shared memory, then (the same tests again) a disk pool in a disk folder."""
     opened: list[kvcache.Pool] = []
-    bottom = {"tier": request.param, "path": tmp_path} if request.param == "disk" else {}
+    bottom = {"tier": request.param, "path": disk} if request.param == "disk" else {}
 
     def make(*sizes: str, promote: str = "hit", **kwargs: object) -> list[kvcache.Pool]:
         pools: list[kvcache.Pool] = []

@@ -10,23 +10,14 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from workers import Children, deadline, verify, wait_for_line
 
 import kvcache
-from kvcache import segment
 
 WRITERS = 2
 CHURN_S = 1.5
-
-
-@pytest.fixture
-def disk(tmp_path: Path) -> Path:
-    if segment.tier_of(tmp_path) != "disk":
-        pytest.skip(f"{tmp_path} is not on a disk filesystem")
-    return tmp_path
 
 
 @pytest.fixture

@@ -24,11 +24,11 @@ BIG_VALUE_BYTES = 100_000  # over 64 KiB: the seqlock path
 
 
 @pytest.fixture(params=["cpu", "disk"])
-def chain(request, tmp_path) -> Iterator[tuple[kvcache.Pool, kvcache.Pool]]:
+def chain(request, disk) -> Iterator[tuple[kvcache.Pool, kvcache.Pool]]:
     """A top pool of 512 KiB spilling to a bottom pool of 16 MiB (in shared memory, or a
     disk pool in a disk folder); destroyed afterwards."""
     top_name, bottom_name = (f"test-{uuid.uuid4().hex[:12]}" for _ in range(2))
-    where = {"tier": "disk", "path": tmp_path} if request.param == "disk" else {}
+    where = {"tier": "disk", "path": disk} if request.param == "disk" else {}
     bottom = kvcache.create(bottom_name, "16M", page_size=PAGE, **where)
     top = kvcache.create(top_name, "512K", page_size=PAGE, spill_to=bottom_name)
     yield top, bottom
