@@ -50,6 +50,26 @@ def test_promote_never_is_recorded_and_followed(names):
     assert cortex_json("status", up)["promotions"] == 0
 
 
+def test_a_disk_pool_named_as_its_own_lower_tier_is_refused(names, disk):
+    name = names()
+    refused = cortex(
+        "create", name, "--size", "1M", "--tier", "disk", "--path", str(disk), "--spill-to", name
+    )
+    assert refused.returncode == 1 and "itself" in refused.stderr
+    assert name not in kvcache.list_pools() and not list(disk.iterdir())
+
+
+def test_a_ram_pool_spills_to_a_disk_pool_from_the_command_line(names, disk):
+    low, up = names(), names()
+    cortex_json("create", low, "--size", "4M", "--page-size", "4K", "--tier", "disk",
+                "--path", str(disk))  # fmt: skip
+    cortex_json("create", up, "--size", "256K", "--page-size", "4K", "--spill-to", low)
+    put_from_another_process(up, 200)
+    (lower,) = cortex_json("status", up)["chain"]
+    assert lower["tier"] == "disk" and lower["num_entries"] > 0
+    assert lower["path"] == str(disk / f"kvcache.{low}")
+
+
 def test_refusals_are_one_line_errors_that_change_nothing(names):
     low, up = names(), names()
     missing = cortex("create", up, "--size", "1M", "--spill-to", low)
