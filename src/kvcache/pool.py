@@ -142,6 +142,7 @@ class Pool(EvictionMixin, TierMixin):
         rng: np.random.Generator | None = None,
     ) -> None:
         self.name = seg.name
+        self._on_disk = seg.on_disk
         self.verify_reads = verify_reads or seg.on_disk  # see kvcache.durable
         self.config = config
         self._segment = seg
@@ -579,14 +580,16 @@ class Pool(EvictionMixin, TierMixin):
         """
         try:
             key_bytes, _ = encode_key(key)
-            self._segment.shed()
+            if self._on_disk:
+                self._segment.shed()
             for attempt in range(READ_ATTEMPTS):
                 with self._lock:
                     eid = self._lookup(key_bytes, count=count and attempt == 0)
                     if eid < 0:
                         return None
                     header, payload, generation = self._value_views(eid)
-                    self._segment.touched(self._eq[eid * ENTRY_WORDS + E.value_len])
+                    if self._on_disk:
+                        self._segment.touched(self._eq[eid * ENTRY_WORDS + E.value_len])
                     checked = self._summed(eid) if self.verify_reads else None
                     if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
                         if checked is not None and not checked.intact():
@@ -634,8 +637,9 @@ class Pool(EvictionMixin, TierMixin):
         """
         try:
             num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
-            self._segment.touched(num_pages * self._page_size)
-            self._segment.shed()
+            if self._on_disk:  # a test, not two calls, on the RAM pools' hot path
+                self._segment.touched(num_pages * self._page_size)
+                self._segment.shed()
             if self._below is not None:
                 self._spill(num_pages)
             with self._lock:
