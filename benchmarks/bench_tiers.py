@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_tiers.py            # 1 GiB per size, 3 rounds (~2 min)
+    .venv/bin/python benchmarks/bench_tiers.py            # 1 GiB per size, 3 rounds (~3 min)
     .venv/bin/python benchmarks/bench_tiers.py --quick    # 256 MiB, 1 round (< 30 s)
     .venv/bin/python benchmarks/bench_tiers.py --folder /var/cache/kvcache
 
@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 
 import kvcache
+from bench_snapshot import mount_of  # the mount, device and file system of a folder
 from kvcache import segment
 
 MIB = 1 << 20
@@ -114,19 +115,6 @@ def disk_folder(requested: Path | None, tag: str) -> tuple[Path, bool]:
     if segment.tier_of(parent) != "disk":
         parent = REPO
     return Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=parent)), True
-
-
-def mount_of(folder: Path) -> str:
-    """'<mount point> on <device> (<fs type>)' for the mount holding ``folder``."""
-    target = str(folder.resolve())
-    best = ("?", "", "?")
-    with open("/proc/self/mounts") as mounts:
-        for line in mounts:
-            device, point, fstype = line.split()[:3]
-            inside = target == point or target.startswith(point.rstrip("/") + "/")
-            if inside and len(point) >= len(best[1]):  # the deepest mount wins
-                best = (device, point, fstype)
-    return f"{best[1]} on {best[0]} ({best[2]})"
 
 
 def timed(action: Callable[[], object]) -> float:
