@@ -5,6 +5,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/bench_prefix.py            # 8 layers, 512-4096 tokens (~2 min)
     .venv/bin/python benchmarks/bench_prefix.py --quick    # 4 layers, 512 and 2048 (< 60 s)
     .venv/bin/python benchmarks/bench_prefix.py --dtype bfloat16 --chunk-tokens 256
+    .venv/bin/python benchmarks/bench_prefix.py --tier disk   # adds the prefix on a disk pool
 
 It prints a table and always exits 0 (it is not a test). The goals from the
 issue, at 2048 tokens: time to first token (TTFT) with reuse at least 10x
@@ -36,11 +37,21 @@ Method
   bytes out of a /dev/shm mapping into a retrieve buffer, with the CPU caches
   flushed first (as the forward between requests flushes them), timed in the
   same run. Any design that hands the model private KV moves these bytes once.
+  With ``--tier disk`` a third row per length, *same, disk*, loads the same
+  prompt from a disk pool used directly (``tier="disk"``, in ``--folder``,
+  default a new folder under /tmp; the KV of the first request was stored
+  there too), with a cold page cache: before each run the disk pool is
+  closed (a page a process maps is not dropped), the page cache dropped
+  (``echo 3 > /proc/sys/vm/drop_caches``, needs root; otherwise the row says
+  so) and the pool opened again, untimed. Through a chain (a pool in RAM
+  spilling to the disk pool) a hit would also be promoted: that cost is
+  measured by ``bench_tiers.py``. The no-reuse column is the recomputed case.
   Each figure is the median of ``--repeats`` runs after one untimed warm-up;
   the garbage collector is off while timing. The machine may be shared: look
   at the medians, and rerun if a row looks off.
 
-The pool is named ``bench-prefix-<pid>`` and destroyed in a ``finally`` block.
+The pool is named ``bench-prefix-<pid>`` (the disk pool ``bench-prefix-<pid>-disk``)
+and destroyed in a ``finally`` block.
 """
 
 from __future__ import annotations
@@ -48,10 +59,12 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 try:
@@ -68,6 +81,7 @@ import numpy as np
 
 import kvcache
 from bench_pool import shm_array  # a touched /dev/shm mapping, as for the raw copy there
+from bench_tiers import disk_folder, drop_page_cache
 
 FULL = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
             intermediate_size=2816)  # fmt: skip
@@ -135,13 +149,45 @@ def copy_floor(pc: kvcache.PrefixCache, num_tokens: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
+class ColdDisk:
+    """A PrefixCache on a disk pool, reopened with a cold page cache before each load."""
+
+    def __init__(self, name: str, size: str, folder: Path, model: Any, chunk_tokens: int) -> None:
+        self.name, self.model, self.chunk_tokens = name, model, chunk_tokens
+        self.pool = kvcache.create(name, size, tier="disk", path=folder)
+        self.pc = self._prefix_cache()
+        self.note: str | None = None
+
+    def _prefix_cache(self) -> kvcache.PrefixCache:
+        return kvhf.prefix_cache(
+            self.pool, self.model, model_id="bench-llama", chunk_tokens=self.chunk_tokens
+        )
+
+    def cold(self) -> kvcache.PrefixCache:
+        """The PrefixCache, its pool reopened after the page cache was dropped."""
+        self.pool.close()  # first: pages a process maps are not dropped
+        self.note = drop_page_cache()
+        self.pool = kvcache.open(self.name)
+        self.pc = self._prefix_cache()
+        return self.pc
+
+    def destroy(self) -> None:
+        self.pool.close()
+        kvcache.destroy(self.name)
+
+
 def run(args: argparse.Namespace) -> None:
     shape = QUICK if args.quick else FULL
     lengths = (512, 2048) if args.quick else (512, 2048, 4096)
     model = build_model(shape, args.dtype, max(lengths) + NEW_TOKENS)
     name = f"bench-prefix-{os.getpid()}"
     pool = kvcache.create(name, args.pool_size)
+    disk: ColdDisk | None = None
+    folder, made_folder = (None, False)
     try:
+        if args.tier == "disk":
+            folder, made_folder = disk_folder(args.folder, name)
+            disk = ColdDisk(f"{name}-disk", args.pool_size, folder, model, args.chunk_tokens)
         pc = kvhf.prefix_cache(pool, model, model_id="bench-llama", chunk_tokens=args.chunk_tokens)
         layout = pc.layout
         print(
@@ -160,15 +206,24 @@ def run(args: argparse.Namespace) -> None:
         generator = torch.Generator().manual_seed(1)
         with torch.inference_mode():
             for length in lengths:
-                measure(model, pc, length, generator, args.repeats, judge=not args.quick)
+                measure(model, pc, length, generator, args.repeats, judge=not args.quick, disk=disk)
         stats = pool.stats()
         print(
             f"pool '{name}': {stats.num_entries} chunks, {kvcache.format_size(stats.used_bytes)} "
             f"used, hits {stats.hits}, misses {stats.misses}"
         )
+        if disk is not None:
+            print(
+                f"same, disk: disk pool '{disk.name}' in {folder}, "
+                + (disk.note or "page cache dropped")
+            )
     finally:
         pool.close()
         kvcache.destroy(name)
+        if disk is not None:
+            disk.destroy()
+        if made_folder and folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def measure(
@@ -179,13 +234,19 @@ def measure(
     repeats: int,
     *,
     judge: bool,
+    disk: ColdDisk | None = None,
 ) -> None:
-    """One prompt length's rows; with ``judge``, PASS / MISS against the goals at GOAL_AT."""
+    """One prompt length's rows; with ``judge``, PASS / MISS against the goals at GOAL_AT.
+
+    With ``disk``, a last row loads the same prompt from that disk pool, page cache cold.
+    """
     ids = torch.randint(0, VOCAB, (1, length), generator=generator)
     cold, _, (token, cache) = median_of(repeats, lambda: cold_ttft(model, ids))
     start = time.perf_counter()
     kvhf.save(pc, ids, cache)
     store = time.perf_counter() - start
+    if disk is not None:
+        kvhf.save(disk.pc, ids, cache)
     follow_up = torch.cat(
         [
             ids[:, : length - NEW_TOKENS],
@@ -209,17 +270,48 @@ def measure(
         kv_time = statistics.median(runs[1:])
         floor = copy_floor(pc, n, repeats)
         rows.append((label, n, warm, cold / warm, kv_time, floor))
+    if disk is not None:
+        rows.append(disk_row(model, disk, ids, token, cold, repeats, length))
     for i, (label, n, warm, speedup, kv_time, floor) in enumerate(rows):
         left = f"{length:>6} {cold * 1e3:>7.0f}ms {store * 1e3:>6.1f}ms" if i == 0 else " " * 26
         verdict = ""
         if judge and length == GOAL_AT:
             ok = speedup >= GOAL_SPEEDUP and kv_time / warm < GOAL_SHARE
             verdict = "  PASS" if ok else "  MISS"
+        copy = f" {floor * 1e3:>5.2f}ms {floor / warm:>6.1%}{verdict}" if floor else ""
         print(
             f"{left} | {label:<12} {n:>6} {warm * 1e3:>6.1f}ms {speedup:>6.1f}x "
-            f"{kv_time * 1e3:>6.2f}ms {kv_time / warm:>6.1%} {floor * 1e3:>5.2f}ms "
-            f"{floor / warm:>6.1%}{verdict}"
+            f"{kv_time * 1e3:>6.2f}ms {kv_time / warm:>6.1%}{copy}"
         )
+
+
+def disk_row(
+    model: Any,
+    disk: ColdDisk,
+    ids: torch.Tensor,
+    token: int,
+    cold: float,
+    repeats: int,
+    length: int,
+) -> tuple[str, int, float, float, float, float]:
+    """The same prompt loaded from the disk pool, page cache dropped before each run."""
+    ttfts, loads = [], []
+    for i in range(repeats + 1):  # the first run is not counted, as in median_of
+        pc = disk.cold()  # untimed
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            first, loaded, n = warm_ttft(model, pc, ids)
+            ttft = time.perf_counter() - start
+        finally:
+            gc.enable()
+        if first != token:
+            sys.exit(f"reuse from disk changed the first token at {length} tokens: a bug")
+        if i:
+            ttfts.append(ttft)
+            loads.append(loaded)
+    warm = statistics.median(ttfts)
+    return ("same, disk", n, warm, cold / warm, statistics.median(loads), 0.0)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -231,6 +323,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunk-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=None, help="default 5 (--quick: 2)")
     parser.add_argument("--pool-size", default="2G")
+    parser.add_argument(
+        "--tier", default="cpu", choices=["cpu", "disk"], help="disk: add the prefix on a disk pool"
+    )
+    parser.add_argument("--folder", type=Path, default=None, help="disk pool folder (--tier disk)")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
