@@ -158,7 +158,7 @@ class Pool(EvictionMixin, TierMixin):
         self._policy = get_policy(config.policy)
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]
-        data_offset = geometry.data_offset
+        data_offset = self._data_offset = geometry.data_offset
         self._allocator = PageAllocator(
             views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
         )
@@ -753,6 +753,11 @@ class Pool(EvictionMixin, TierMixin):
             q[base + E.value_len],
         )
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        if self._on_disk:
+            for first, count in runs:
+                self._segment.will_need(
+                    self._data_offset + first * self._page_size, count * self._page_size
+                )
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
 
