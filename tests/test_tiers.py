@@ -273,3 +273,16 @@ def test_a_restore_that_replaces_a_pool_keeps_its_chain(chain, tmp_path) -> None
         assert again.spill_to == bottom.name and again.promote == "never"
         assert again.get("k0") == value_of(0)  # still below, read through the kept chain
         assert again.stats().promotions == 0
+
+
+@pytest.mark.parametrize("promote", ["hit", "never"])
+def test_each_tier_counts_one_lookup_per_read(chain, promote) -> None:
+    top, middle, bottom = chain("128K", "256K", "2M", promote=promote)
+    fill(top, 300)
+    key = next(k for k in bottom.keys() if k not in here(middle))
+    before = [(p.stats().hits, p.stats().misses) for p in (top, middle, bottom)]
+    assert top.get("absent") is None
+    assert top.get(key) == value_of(int(key[1:]))
+    after = [(p.stats().hits, p.stats().misses) for p in (top, middle, bottom)]
+    deltas = [(h1 - h0, m1 - m0) for (h0, m0), (h1, m1) in zip(before, after, strict=True)]
+    assert deltas == [(0, 2), (0, 2), (1, 1)]

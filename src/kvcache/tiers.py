@@ -229,18 +229,25 @@ class TierMixin(MappingMixin):
         """A read that missed here: from below, promoting the entry here first if asked."""
         below = self._below
         assert below is not None
-        promote = self._promote == PROMOTE_ON_HIT
-        if promote and below.call(lambda lower: self._promote_from(lower, key), False):
-            found = self._read(key, copy, count=False)
-            if found is not None:
-                return found  # type: ignore[no-any-return]
+        if self._promote == PROMOTE_ON_HIT:
+            moved = below.call(lambda lower: self._promote_from(lower, key), None)
+            if moved:
+                found = self._read(key, copy, count=False)
+                if found is not None:
+                    return found  # type: ignore[no-any-return]
+            if moved is None:  # not in the lower pool itself (its miss is counted): further down
+                return below.call(lambda lower: lower._read_further_below(key, copy), None)
         return below.call(lambda lower: lower._read_chain(key, copy), None)
 
-    def _promote_from(self, lower: Pool, key: Key) -> bool:
-        """Copy ``key``'s entry up from ``lower`` and remove it there; whether it moved."""
+    def _read_further_below(self, key: Key, copy: Callable[..., T]) -> T | None:
+        return None if self._below is None else self._read_below(key, copy)
+
+    def _promote_from(self, lower: Pool, key: Key) -> bool | None:
+        """Copy ``key``'s entry up from ``lower`` and remove it there: whether it moved,
+        None if ``lower`` itself does not hold it."""
         ref = lower.locate(key)
         if ref is None:
-            return False
+            return None
         read = lower.read_entry(ref)
         if read is None:
             return False
