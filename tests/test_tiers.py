@@ -279,7 +279,7 @@ def test_a_restore_that_replaces_a_pool_keeps_its_chain(chain, tmp_path) -> None
 def test_each_tier_counts_one_lookup_per_read(chain, promote) -> None:
     top, middle, bottom = chain("128K", "256K", "2M", promote=promote)
     fill(top, 300)
-    key = next(k for k in bottom.keys() if k not in here(middle))
+    key = next(k for k in bottom if k not in here(middle))
     before = [(p.stats().hits, p.stats().misses) for p in (top, middle, bottom)]
     assert top.get("absent") is None
     assert top.get(key) == value_of(int(key[1:]))
