@@ -22,7 +22,7 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple, TypeVar, overload
@@ -183,7 +183,7 @@ class Pool(EvictionMixin, TierMixin):
     @property
     def tier(self) -> str:
         """``disk`` if the pool's file is on a disk, ``cpu`` if it is in RAM (shared memory)."""
-        return "disk" if self._segment.on_disk else "cpu"
+        return "disk" if self._on_disk else "cpu"
 
     @property
     def path(self) -> Path:
@@ -459,7 +459,7 @@ class Pool(EvictionMixin, TierMixin):
         if self._below is not None:
             self._below.close()
         try:
-            if self._segment.on_disk:
+            if self._on_disk:
                 self._close_cleanly()
             with self._lock.closing() as lock_fd:
                 if self._slot >= 0:
@@ -483,7 +483,7 @@ class Pool(EvictionMixin, TierMixin):
         """
         if self._closed:
             raise closed_error(self.name)
-        if self._segment.on_disk:
+        if self._on_disk:
             self._segment.flush()
 
     def _close_cleanly(self) -> None:
@@ -591,11 +591,15 @@ class Pool(EvictionMixin, TierMixin):
                     if self._on_disk:
                         self._segment.touched(self._eq[eid * ENTRY_WORDS + E.value_len])
                     checked = self._summed(eid) if self.verify_reads else None
-                    if self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES:
+                    inline = self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES
+                    ahead = self._page_ranges(eid) if self._on_disk else ()
+                    if inline:
+                        self._read_ahead(ahead)
                         if checked is not None and not checked.intact():
                             self._drop_damaged(eid)
                             return None
                         return copy(header, payload)
+                self._read_ahead(ahead)  # a large value's disk reads start outside the lock
                 copied = copy(header, payload)
                 intact = checked is None or checked.intact()
                 with self._lock:
@@ -682,12 +686,11 @@ class Pool(EvictionMixin, TierMixin):
     def _finish(
         self, eid: int, checksum: int | None, history: History | None, replace: bool
     ) -> bool:
-        if checksum is None or not (replace or self._find(bytes(self._key_view(eid))) < 0):
+        if checksum is None:
             self._free_entry(eid)
             return False
         self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
-        self._publish(eid, history)
-        return True
+        return self._publish(eid, history, replace=replace)
 
     # ------------------------------------------- internals (lock held by caller)
 
@@ -753,13 +756,19 @@ class Pool(EvictionMixin, TierMixin):
             q[base + E.value_len],
         )
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        if self._on_disk:
-            for first, count in runs:
-                self._segment.will_need(
-                    self._data_offset + first * self._page_size, count * self._page_size
-                )
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
         return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
+
+    def _page_ranges(self, eid: int) -> list[tuple[int, int]]:
+        """(file offset, length) of each run of entry ``eid``'s pages."""
+        q, base, page = self._eq, eid * ENTRY_WORDS, self._page_size
+        runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        return [(self._data_offset + first * page, count * page) for first, count in runs]
+
+    def _read_ahead(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Start reading a disk pool's pages in, in one go (see ``Segment.will_need``)."""
+        for offset, length in ranges:
+            self._segment.will_need(offset, length)
 
     def _summed(self, eid: int) -> _Summed:
         q, base = self._eq, eid * ENTRY_WORDS
@@ -847,8 +856,9 @@ class Pool(EvictionMixin, TierMixin):
         q[base + E.state] = WRITING
         return eid
 
-    def _publish(self, eid: int, history: History | None = None) -> None:
-        """Make a WRITING entry READY, replacing an older entry with the same key.
+    def _publish(self, eid: int, history: History | None = None, *, replace: bool = True) -> bool:
+        """Make a WRITING entry READY, replacing an older entry with the same key; whether it
+        was published (without ``replace``, an older entry stays and this one is freed).
 
         ``history`` (created, last access, frequency) restores an entry's policy
         metadata from a snapshot; a fresh put starts at the current clock.
@@ -857,6 +867,9 @@ class Pool(EvictionMixin, TierMixin):
         lo = q[base + E.hash_lo]
         old = self._index.find(lo, q[base + E.hash_hi])
         if old >= 0:
+            if not replace:
+                self._free_entry(eid)
+                return False
             self._remove(old)
         clock = h[H.clock] + 1
         h[H.clock] = clock
@@ -873,6 +886,7 @@ class Pool(EvictionMixin, TierMixin):
         expires_at = d[base + E.expires_at]
         if expires_at < self._hd[H.next_expiry_at]:
             self._hd[H.next_expiry_at] = expires_at
+        return True
 
     def _drop_damaged(self, eid: int) -> None:
         """Remove a READY entry whose bytes no longer match their checksum."""
