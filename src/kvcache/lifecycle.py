@@ -10,6 +10,7 @@ whoever still has it open (``Pool._retire``).
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from .errors import (
 )
 from .layout import (
     DESTROYED,
+    HEADER_DTYPE,
     PROMOTE_NEVER,
     PROMOTE_ON_HIT,
     REPLACED,
@@ -265,28 +267,43 @@ def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
 
 def stored_spill_to(pool: Pool) -> str | None:
     """The lower pool named in ``pool``'s header, or None (none, or a damaged name)."""
-    raw = pool._views.header["spill_to"].item()
-    if not raw:
-        return None
+    return _link(pool._segment.buffer)[0]
+
+
+def _link(buffer: mmap.mmap) -> tuple[str | None, int]:
+    """The (lower pool, promote word) a pool's header names; a damaged name is none."""
+    header = np.ndarray((), HEADER_DTYPE, buffer=buffer)
+    raw, promote = header["spill_to"].item(), int(header["promote"])
+    del header  # no view may outlive a closing mapping
     try:
-        return segment.validate_name(raw.decode("ascii"))
+        return (segment.validate_name(raw.decode("ascii")) if raw else None), promote
     except (UnicodeDecodeError, InvalidArgument):
-        return None  # damaged: the pool works on alone
+        return None, promote  # damaged: the pool works on alone
 
 
 def _spill_to_of(name: str) -> str | None:
-    """The lower pool named in pool ``name``'s header; None if none or it cannot be opened."""
+    """The lower pool named in pool ``name``'s header; None if none or it cannot be read."""
     return chain_of(name)[0]
 
 
 def chain_of(name: str) -> tuple[str | None, int]:
     """Pool ``name``'s link: (its lower pool or None, its promote word); (None,
-    PROMOTE_ON_HIT) if it names none or cannot be opened."""
+    PROMOTE_ON_HIT) if it names none or cannot be read.
+
+    Read from the header alone: no process slot, lock or (for a disk pool) clean-close
+    bookkeeping, as a full open would take, just to learn two fixed words.
+    """
     try:
-        with _open_unchained(name, _PLAIN) as pool:
-            return stored_spill_to(pool), pool._promote
+        seg = segment.attach(name, owners.TRUST_SELF)
     except KVCacheError:
         return None, PROMOTE_ON_HIT
+    try:
+        read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
+        return _link(seg.buffer)
+    except KVCacheError:
+        return None, PROMOTE_ON_HIT
+    finally:
+        seg.close()
 
 
 def check_chain(name: str, spill_to: str) -> None:
