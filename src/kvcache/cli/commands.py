@@ -244,24 +244,19 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 def _chain_below(pool: kvcache.Pool) -> list[dict[str, Any]]:
     """``status``'s documents of the pools below ``pool``, top first; a cut link says why."""
-    docs: list[dict[str, Any]] = []
-    tier: kvcache.Pool | None = pool
-    while tier is not None and tier.spill_to is not None:
-        lower = tier.lower
-        if lower is None:
-            docs.append({"name": tier.spill_to, "error": tier.lower_problem})
-            break
-        stats = lower.stats()
-        # this command's own handle is attached to every pool of the chain: leave it out
-        docs.append(
-            {
-                **stats.to_dict(),
-                "tier": lower.tier,
-                "path": str(lower.path),
-                "num_attached": stats.num_attached - 1,
-            }
-        )
-        tier = lower
+    tiers = list(pool.chain())
+    # this command's own handle is attached to every pool of the chain: leave it out
+    docs: list[dict[str, Any]] = [
+        {
+            **(stats := lower.stats()).to_dict(),
+            "tier": lower.tier,
+            "path": str(lower.path),
+            "num_attached": stats.num_attached - 1,
+        }
+        for lower in tiers[1:]
+    ]
+    if tiers[-1].spill_to is not None:  # named, but not open now
+        docs.append({"name": tiers[-1].spill_to, "error": tiers[-1].lower_problem})
     return docs
 
 
