@@ -76,3 +76,12 @@ def remove_abandoned(paths: Iterable[Path], *, min_age_s: float = MIN_AGE_S) -> 
         finally:
             os.close(fd)
     return removed
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the names just given in ``folder`` (a finished build's, a removal) durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -26,6 +26,7 @@ import os
 import secrets
 from pathlib import Path
 
+from . import builds
 from .errors import IncompatiblePoolError, PoolExistsError
 from .home import kvcache_home
 
@@ -89,7 +90,7 @@ def forget(name: str) -> None:
     """Remove pool ``name``'s record, if there is one."""
     with contextlib.suppress(FileNotFoundError, PermissionError):
         os.unlink(registry_folder() / name)
-        _fsync(registry_folder())
+        builds.fsync_folder(registry_folder())
 
 
 def names() -> list[str]:
@@ -115,12 +116,4 @@ def _write(name: str, folder: Path, place: object) -> None:
         place(temp, home / name)  # type: ignore[operator]
     finally:
         temp.unlink(missing_ok=True)  # after a link the record keeps the data; a rename moved it
-    _fsync(home)
-
-
-def _fsync(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    builds.fsync_folder(home)

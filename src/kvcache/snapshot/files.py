@@ -86,7 +86,7 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    _fsync_folder(folder)
+    builds.fsync_folder(folder)
 
 
 _SPECIAL_FILES = {
@@ -138,11 +138,3 @@ def read_exactly(fd: int, views: list[memoryview], offset: int) -> bool:
                 return False
             view, offset = view[count:], offset + count
     return True
-
-
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
