@@ -36,6 +36,22 @@ def pool_name() -> Iterator[str]:
 
 
 @pytest.fixture
+def names() -> Iterator[Callable[[], str]]:
+    """``names()``: a fresh pool name; every pool made under one is destroyed afterwards,
+    the last made first (an upper pool before the pool it spills to), forced."""
+    made: list[str] = []
+
+    def new() -> str:
+        made.append(f"test-{uuid.uuid4().hex[:12]}")
+        return made[-1]
+
+    yield new
+    for name in reversed(made):
+        if name in kvcache.list_pools():
+            kvcache.destroy(name, force=True)
+
+
+@pytest.fixture
 def make_pool(pool_name: str) -> Iterator[Callable[..., kvcache.Pool]]:
     """``make_pool(size="4M", **create_kwargs)``: create the test's pool; closed afterwards."""
     opened: list[kvcache.Pool] = []

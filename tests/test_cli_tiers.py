@@ -2,26 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
-
-import pytest
-
 import kvcache
 from test_cli import cortex, cortex_json, put_from_another_process
-
-
-@pytest.fixture
-def names():
-    made: list[str] = []
-
-    def make() -> str:
-        made.append(f"cli-{uuid.uuid4().hex[:10]}")
-        return made[-1]
-
-    yield make
-    for name in made:
-        if name in kvcache.list_pools():
-            kvcache.destroy(name, force=True)
 
 
 def test_create_with_spill_to_and_status_shows_the_chain_per_tier(names, tmp_path):

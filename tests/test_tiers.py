@@ -20,21 +20,6 @@ def value_of(i: int) -> bytes:
     return i.to_bytes(4, "little") * (VALUE // 4)
 
 
-@pytest.fixture
-def names() -> Iterator[Callable[[], str]]:
-    """``names()``: a fresh pool name; every pool made under one is destroyed afterwards."""
-    made: list[str] = []
-
-    def new() -> str:
-        made.append(f"test-{uuid.uuid4().hex[:12]}")
-        return made[-1]
-
-    yield new
-    for name in made:  # uppers were made after their lowers: destroy them first
-        if name in kvcache.list_pools():
-            kvcache.destroy(name, force=True)
-
-
 @pytest.fixture(params=["cpu", "disk"])
 def chain(request, names, disk) -> Iterator[Callable[..., list[kvcache.Pool]]]:
     """``chain(sizes..., promote=...)``: pools top first, each spilling to the next; the

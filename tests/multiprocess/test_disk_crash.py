@@ -9,29 +9,13 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 
-import pytest
 from workers import Children, deadline, verify, wait_for_line
 
 import kvcache
 
 WRITERS = 2
 CHURN_S = 1.5
-
-
-@pytest.fixture
-def names():
-    made: list[str] = []
-
-    def make() -> str:
-        made.append(f"crash-{uuid.uuid4().hex[:10]}")
-        return made[-1]
-
-    yield make
-    for name in made:
-        if name in kvcache.list_pools():
-            kvcache.destroy(name, force=True)
 
 
 def _churn_then_kill(name: str, during=None) -> None:

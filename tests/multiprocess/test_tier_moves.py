@@ -66,18 +66,22 @@ def _fill(top: kvcache.Pool, count: int, size: int) -> set:
     return {f"parent-{i}" for i in range(count)}
 
 
+def _kill_mid_move(top: kvcache.Pool, at: str, into: str, keys: list[str], size: int) -> None:
+    """Run a child that moves an entry into pool ``into`` and pauses ``at`` a point; kill it."""
+    with Children() as children:
+        child = children.start(
+            "pause-mid-move", pool=top.name, at=at, into=into, keys=keys, seed=1, value_bytes=size
+        )
+        wait_for_line(child, "paused", timeout=30)
+        children.kill(child)
+
+
 @pytest.mark.parametrize("size", [VALUE_BYTES, BIG_VALUE_BYTES])
 @pytest.mark.parametrize("at", ["copy", "published"])
 def test_killed_mid_demotion(chain, at: str, size: int) -> None:
     top, bottom = chain
     expected = _fill(top, 512 * 1024 // size, size)  # full: the child's first put spills
-    with Children() as children:
-        child = children.start(
-            "pause-mid-move", pool=top.name, at=at, into=bottom.name, keys=[],
-            seed=1, value_bytes=size,
-        )  # fmt: skip
-        wait_for_line(child, "paused", timeout=30)
-        children.kill(child)
+    _kill_mid_move(top, at, into=bottom.name, keys=[], size=size)
     with deadline(30):
         _assert_consistent(top, bottom, expected)
         if at == "published":  # the copy below is complete: the entry is in both now
@@ -90,13 +94,7 @@ def test_killed_mid_promotion(chain, at: str) -> None:
     expected = _fill(top, 60, VALUE_BYTES)  # most of them are below now
     below = sorted(_keys_here(bottom))
     assert below
-    with Children() as children:
-        child = children.start(
-            "pause-mid-move", pool=top.name, at=at, into=top.name, keys=below,
-            seed=1, value_bytes=VALUE_BYTES,
-        )  # fmt: skip
-        wait_for_line(child, "paused", timeout=30)
-        children.kill(child)
+    _kill_mid_move(top, at, into=top.name, keys=below, size=VALUE_BYTES)
     with deadline(30):
         _assert_consistent(top, bottom, expected)
         for key in below:  # and each reads back intact through the chain
