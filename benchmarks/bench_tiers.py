@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 
 import kvcache
-from bench_snapshot import mount_of  # the mount, device and file system of a folder
+from bench_snapshot import mount_of, run_reporting  # mount_of: a folder's mount, device, fs
 from kvcache import segment
 
 MIB = 1 << 20
@@ -458,14 +458,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        run(args)
-    except KeyboardInterrupt:
-        print("interrupted; pools and files cleaned up", file=sys.stderr)
-    except Exception as exc:  # a benchmark reports, it does not fail the build
-        print(f"benchmark error: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return 0
+    return run_reporting(run, parse_args(argv))
 
 
 if __name__ == "__main__":
