@@ -26,7 +26,7 @@ def _damage(pool: kvcache.Pool, key: str, at: int = -1) -> None:
     eid = pool._index.find(*_hash(key.encode()))
     assert eid >= 0
     _, payload, _ = pool._value_views(eid)
-    view = payload[0] if at >= 0 else payload[-1]
+    view = payload.views[0] if at >= 0 else payload.views[-1]
     view[at] ^= 0xFF
 
 

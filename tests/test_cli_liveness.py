@@ -92,7 +92,7 @@ def test_health_reports_and_repairs_damaged_bytes(pool_name: str) -> None:
         pool.put("kept", b"k" * 3000)
         pool.put("hit", b"h" * 3000)
         _, payload, _ = pool._value_views(pool._find(b"hit"))
-        payload[0][100] ^= 0xFF  # a stray write into the shared pages
+        payload.views[0][100] ^= 0xFF  # a stray write into the shared pages
     result = cortex("health", pool_name)
     assert result.returncode == 1
     assert "'hit'" in result.stdout and "checksum" in result.stdout

@@ -183,6 +183,48 @@ def test_an_unclean_file_is_repaired_at_first_open(disk, names):
         assert pool.check() == []
 
 
+_MID_OPEN_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from kvcache import leases
+    from kvcache.layout import H
+    # What an opener holds between claiming its slot and finishing its open: the
+    # slot's lease and its identity, not yet the "opened" lease.
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    procs_offset = int.from_bytes(os.pread(fd, 8, H.procs_offset * 8), "little")
+    assert leases.try_hold(fd, procs_offset)  # slot 0
+    os.pwrite(fd, (1).to_bytes(8, "little"), procs_offset + 24)  # pid_ns: slot in use
+    print("claimed", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_an_opener_still_mid_open_does_not_stop_the_repair(disk, names):
+    """Regression: two openers of an unclean pool each saw the other and neither repaired."""
+    name = _name(names)
+    with kvcache.create(name, "1M", tier="disk", path=disk) as pool:
+        pool.put("k", b"value")
+    file = disk / f"kvcache.{name}"
+    with open(file, "r+b") as f:
+        os.pwrite(f.fileno(), (0).to_bytes(8, "little"), H.clean * 8)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MID_OPEN_CHILD, str(file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "claimed"
+        with kvcache.open(name) as pool:
+            assert pool.stats().repairs == 1
+            assert pool.get("k") == b"value"
+            with kvcache.open(name) as second:  # an open that finished: no second repair
+                assert second.stats().repairs == 1
+    finally:
+        child.communicate("", timeout=30)
+
+
 def test_flipped_bytes_in_a_data_page_are_a_miss_and_counted(disk, names):
     name = _name(names)
     value = bytes(range(256)) * 64
@@ -391,3 +433,74 @@ def test_a_64g_disk_pool_on_a_smaller_machine_keeps_rss_bounded(disk, names):
     for stage in ("after_puts", "after_gets"):
         assert figures[stage]["VmHWM"] < RSS_BOUND_BYTES, figures
     assert (disk / f"kvcache.{name}").stat().st_size > 64 << 30
+
+
+# ------------------------------------------------------------ large values read from the file
+
+
+def _fragmented_pool(disk: Path, names: list[str]) -> kvcache.Pool:
+    """A disk pool whose next large value lies over several runs of pages."""
+    pool = kvcache.create(_name(names), "4M", tier="disk", path=disk, page_size="64K")
+    for i in range(8):
+        pool.put(f"filler{i}", b"f" * 100_000)  # two pages each
+    for i in range(0, 8, 2):
+        pool.delete(f"filler{i}")  # holes of two pages between live entries
+    return pool
+
+
+def _runs_of(pool: kvcache.Pool, key: str) -> int:
+    _, payload, _ = pool._value_views(pool._find(key.encode()), from_file=True)
+    assert payload.fd >= 0  # read from the file, not through the mapping
+    return len(payload.file_spans)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "array", "get_into"])
+def test_a_large_value_over_several_runs_reads_back_from_the_file(disk, names, kind):
+    values = {
+        "bytes": np.random.default_rng(1).bytes(300_000),
+        "array": np.random.default_rng(2).standard_normal(40_000),
+        "get_into": np.random.default_rng(3).bytes(300_000),
+    }
+    value = values[kind]
+    with _fragmented_pool(disk, names) as pool:
+        pool.put("big", value)
+        assert _runs_of(pool, "big") > 1
+        if kind == "get_into":
+            buffer = bytearray(len(value) + 10)
+            assert pool.get_into("big", buffer) == len(value)
+            assert bytes(buffer[: len(value)]) == value
+        elif kind == "array":
+            np.testing.assert_array_equal(pool.get("big"), value)
+        else:
+            assert pool.get("big") == value
+        assert pool.stats().damaged == 0
+
+
+@pytest.mark.parametrize("kind", ["bytes", "array", "get_into"])
+def test_a_flipped_byte_in_a_large_value_on_disk_is_a_miss_and_counted(disk, names, kind):
+    with _fragmented_pool(disk, names) as pool:
+        value = np.arange(50_000, dtype=np.float64) if kind == "array" else b"v" * 400_000
+        pool.put("big", value)
+        _, payload, _ = pool._value_views(pool._find(b"big"), from_file=True)
+        offset, length = payload.file_spans[-1]
+        spot = offset + length - 1  # the value's last byte, in its last run
+        os.pwrite(payload.fd, bytes([os.pread(payload.fd, 1, spot)[0] ^ 0xFF]), spot)
+        if kind == "get_into":
+            assert pool.get_into("big", bytearray(400_000)) is None
+        else:
+            assert pool.get("big") is None
+        assert pool.stats().damaged == 1
+        assert "big" not in pool
+        assert pool.get("filler1") == b"f" * 100_000
+
+
+def test_a_truncated_pool_file_is_reported_as_damage_not_a_short_value(disk, names):
+    with kvcache.create(_name(names), "4M", tier="disk", path=disk, page_size="64K") as pool:
+        pool.put("big", b"x" * 1_000_000)
+        _, payload, _ = pool._value_views(pool._find(b"big"), from_file=True)
+        offset, _ = payload.file_spans[0]
+        os.truncate(pool.path, offset + 500_000)  # keeps the key's page, cuts the value
+        with pytest.raises(kvcache.CorruptPoolError, match="shorter than its pages"):
+            pool.get("big")
+        with pytest.raises(kvcache.CorruptPoolError, match="shorter than its pages"):
+            pool.get_into("big", bytearray(1_000_000))

@@ -25,12 +25,13 @@ which the kernel drops when a holder dies, so a SIGKILLed holder never
 counts. Both checks run under the pool lock, so an open and a close never
 both think they are alone.
 
-Known gap: a process counts as attached from the moment it claims its slot,
-which is just before it first takes the lock. Two processes that open a pool
-left unclean within that window of each other each see the other and neither
-repairs. Reads stay verified (nothing wrong is served), and a stop in the
-middle of a mutation left ``dirty`` set, which repairs at the first lock anyway;
-closing the gap needs a lease taken once an open has finished (not done yet).
+"First open" means: no other live holder has *finished* opening (the slot's
+second lease, ``ProcessTable.mark_opened``, taken under the lock at the end
+of ``on_open``). A process counts as attached from the moment it claims its
+slot, just before it first takes the lock, so two processes that open a pool
+left unclean at the same moment would otherwise each see the other and
+neither repair; now the first to take the lock repairs and the other sees
+that it did.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def on_open(
     header_q: memoryview,
     procs: ProcessTable,
     slot: int,
+    holder_fd: int,
     geometry: Geometry,
     repair: Callable[[], None],
 ) -> None:
@@ -64,13 +66,14 @@ def on_open(
         OutOfSharedMemoryError: the reserved pages cannot be reserved again (a
             copy of the pool on a disk too full for it).
     """
-    if not procs.others_live(slot) and header_q[H.clean] == 0:
+    if header_q[H.clean] == 0 and not procs.others_opened(slot):
         repair()
         reserved = geometry.data_offset + header_q[H.reserved_pages] * geometry.page_size_bytes
         seg.allocate(0, reserved)  # already promised to the pool: no memory check
     if header_q[H.clean] != 0:
         header_q[H.clean] = 0
         seg.flush_header()
+    procs.mark_opened(holder_fd, slot)
 
 
 def on_close(seg: Segment, header_q: memoryview, procs: ProcessTable, slot: int) -> bool:

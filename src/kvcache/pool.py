@@ -22,7 +22,7 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple, TypeVar, overload
@@ -95,16 +95,16 @@ _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 class _Summed(NamedTuple):
     """What an entry's checksum covers, read under the lock, and the sum it was published with."""
 
-    views: list[memoryview]  # key | value header | payload
+    views: list[memoryview]  # key | value header | payload, or key | value header
     fields: tuple[int, int, int, int]  # flags, key_len, header_len, value_len
     checksum_word: int
 
-    def computed(self) -> int:
-        """The checksum of what is there now."""
-        return transfer.checksum(self.views, *self.fields)
+    def computed(self, payload: Sequence[memoryview] = ()) -> int:
+        """The checksum of what is there now (``payload``: the value's bytes, if not in views)."""
+        return transfer.checksum([*self.views, *payload], *self.fields)
 
-    def intact(self) -> bool:
-        return self.computed() == transfer.from_word(self.checksum_word)
+    def intact(self, payload: Sequence[memoryview] = ()) -> bool:
+        return self.computed(payload) == transfer.from_word(self.checksum_word)
 
 
 class Pool(EvictionMixin, TierMixin):
@@ -172,7 +172,13 @@ class Pool(EvictionMixin, TierMixin):
             with self._lock:
                 if seg.on_disk:
                     durable.on_open(
-                        seg, self._hq, self._procs, self._slot, geometry, self._repair_after_crash
+                        seg,
+                        self._hq,
+                        self._procs,
+                        self._slot,
+                        self._lock.fd,
+                        geometry,
+                        self._repair_after_crash,
                     )
                 self._reclaim_dead_writers()
         except BaseException:
@@ -307,13 +313,13 @@ class Pool(EvictionMixin, TierMixin):
         if target.readonly:
             raise InvalidArgument("get_into needs a writable buffer, not a read-only one")
 
-        def copy(header: bytes, payload: list[memoryview]) -> int:
-            length = sum(len(view) for view in payload)
+        def copy(header: bytes, payload: transfer.Payload) -> int:
+            length = payload.nbytes
             if length > target.nbytes:
                 raise InvalidArgument(
                     f"buffer of {target.nbytes} bytes is too small for the {length}-byte value"
                 )
-            transfer.copy_into(target, payload)
+            payload.copy_into(target)
             return length
 
         length = self._read(key, copy)
@@ -564,7 +570,7 @@ class Pool(EvictionMixin, TierMixin):
     def _read(
         self,
         key: Key,
-        copy: Callable[[bytes, list[memoryview]], Copied],
+        copy: Callable[[bytes, transfer.Payload], Copied],
         *,
         count: bool = True,
     ) -> Copied | None:
@@ -576,7 +582,9 @@ class Pool(EvictionMixin, TierMixin):
         it and kept only if the entry's generation did not change meanwhile
         (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. With
         ``verify_reads`` the entry's bytes are summed too (outside the lock for
-        large values): a mismatch drops the entry and is a miss.
+        large values): a mismatch drops the entry and is a miss. A disk pool
+        reads large values from its file (``transfer.Payload``), small ones
+        through the mapping, asking for their pages in one go.
         """
         try:
             key_bytes, _ = encode_key(key)
@@ -587,21 +595,24 @@ class Pool(EvictionMixin, TierMixin):
                     eid = self._lookup(key_bytes, count=count and attempt == 0)
                     if eid < 0:
                         return None
-                    header, payload, generation = self._value_views(eid)
+                    value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
+                    inline = value_len <= INLINE_COPY_MAX_BYTES
+                    header, payload, generation = self._value_views(eid, from_file=not inline)
+                    checked = self._summed(eid, payload=False) if self.verify_reads else None
                     if self._on_disk:
-                        self._segment.touched(self._eq[eid * ENTRY_WORDS + E.value_len])
-                    checked = self._summed(eid) if self.verify_reads else None
-                    inline = self._eq[eid * ENTRY_WORDS + E.value_len] <= INLINE_COPY_MAX_BYTES
-                    ahead = self._page_ranges(eid) if self._on_disk else ()
+                        # Even a value read from the file maps the pages of its key (in
+                        # folios of up to a value's size, measured): counted the same.
+                        self._segment.touched(value_len)
                     if inline:
-                        self._read_ahead(ahead)
-                        if checked is not None and not checked.intact():
+                        if self._on_disk:
+                            self._read_ahead(eid)
+                        copied = copy(header, payload)
+                        if checked is not None and not checked.intact(payload.landed):
                             self._drop_damaged(eid)
                             return None
-                        return copy(header, payload)
-                self._read_ahead(ahead)  # a large value's disk reads start outside the lock
+                        return copied
                 copied = copy(header, payload)
-                intact = checked is None or checked.intact()
+                intact = checked is None or checked.intact(payload.landed)
                 with self._lock:
                     if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                         if intact:
@@ -747,8 +758,13 @@ class Pool(EvictionMixin, TierMixin):
         d[base + E.accessed_at] = self._clock()
         return eid
 
-    def _value_views(self, eid: int) -> tuple[bytes, list[memoryview], int]:
-        """The value's codec header, its payload as views of the pages, and its generation."""
+    def _value_views(
+        self, eid: int, *, from_file: bool = False
+    ) -> tuple[bytes, transfer.Payload, int]:
+        """The value's codec header, its payload and its generation.
+
+        ``from_file``: a disk pool's payload is read from its file, not the mapping.
+        """
         q, base = self._eq, eid * ENTRY_WORDS
         key_len, header_len, value_len = (
             q[base + E.key_len],
@@ -757,20 +773,21 @@ class Pool(EvictionMixin, TierMixin):
         )
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
         header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
-        return header, self._slices(runs, key_len + header_len, value_len), q[base + E.generation]
+        spans = transfer.spans(self._page_size, runs, key_len + header_len, value_len)
+        views = [self._data[offset : offset + n] for offset, n in spans]
+        if not (from_file and self._on_disk):
+            return header, transfer.Payload(views), q[base + E.generation]
+        in_file = [(self._data_offset + offset, n) for offset, n in spans]
+        return header, transfer.Payload(views, self._segment.fd, in_file), q[base + E.generation]
 
-    def _page_ranges(self, eid: int) -> list[tuple[int, int]]:
-        """(file offset, length) of each run of entry ``eid``'s pages."""
+    def _read_ahead(self, eid: int) -> None:
+        """Start reading a disk pool entry's pages in, in one go (see ``Segment.will_need``)."""
         q, base, page = self._eq, eid * ENTRY_WORDS, self._page_size
-        runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        return [(self._data_offset + first * page, count * page) for first, count in runs]
+        for first, count in self._allocator.runs(q[base + E.first_page], q[base + E.num_pages]):
+            self._segment.will_need(self._data_offset + first * page, count * page)
 
-    def _read_ahead(self, ranges: Iterable[tuple[int, int]]) -> None:
-        """Start reading a disk pool's pages in, in one go (see ``Segment.will_need``)."""
-        for offset, length in ranges:
-            self._segment.will_need(offset, length)
-
-    def _summed(self, eid: int) -> _Summed:
+    def _summed(self, eid: int, *, payload: bool = True) -> _Summed:
+        """The entry's checksum and what it covers (``payload``: the value's bytes too)."""
         q, base = self._eq, eid * ENTRY_WORDS
         fields = (
             q[base + E.flags],
@@ -778,13 +795,14 @@ class Pool(EvictionMixin, TierMixin):
             q[base + E.header_len],
             q[base + E.value_len],
         )
-        return _Summed(self._entry_slices(eid), fields, q[base + E.checksum])
+        return _Summed(self._entry_slices(eid, payload=payload), fields, q[base + E.checksum])
 
-    def _entry_slices(self, eid: int) -> list[memoryview]:
-        """Views of all of an entry's bytes (key | value header | payload)."""
+    def _entry_slices(self, eid: int, *, payload: bool = True) -> list[memoryview]:
+        """Views of an entry's bytes (key | value header | payload; without ``payload``: key |
+        value header)."""
         q, base = self._eq, eid * ENTRY_WORDS
         runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        total = q[base + E.key_len] + q[base + E.header_len] + q[base + E.value_len]
+        total = q[base + E.key_len] + q[base + E.header_len] + (q[base + E.value_len] * payload)
         return self._slices(runs, 0, total)
 
     def _live_records(self) -> tuple[np.ndarray, np.ndarray]:

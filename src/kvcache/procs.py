@@ -24,7 +24,11 @@ Slot layout (``layout.PROC_DTYPE``, 32 bytes)::
 
     +--------+--------+--------+--------+
     | serial |  pid   | start  | pid_ns |   lease: byte 0 of the slot
-    +--------+--------+--------+--------+
+    +--------+--------+--------+--------+   opened: byte 1 (see durable)
+
+A second lease, on byte 1, says the holder's open has finished (``mark_opened``):
+a disk pool's first opener repairs it after an unclean stop, and a holder
+whose open is still under way must not count as one that already checked.
 """
 
 from __future__ import annotations
@@ -123,9 +127,18 @@ class ProcessTable:
         return int(self._table["pid"][slot]) if 0 <= slot < len(self._table) else 0
 
     def leave(self, holder_fd: int, slot: int) -> None:
-        """Clear a slot this holder owns and give up its lease."""
+        """Clear a slot this holder owns and give up its leases."""
         self._table[slot] = (self._table["serial"][slot], 0, 0, 0)
+        leases.release(holder_fd, self._lease_byte(slot) + 1)
         leases.release(holder_fd, self._lease_byte(slot))
+
+    def mark_opened(self, holder_fd: int, slot: int) -> None:
+        """Say that this holder's open finished (its slot's second lease)."""
+        leases.try_hold(holder_fd, self._lease_byte(slot) + 1)
+
+    def others_opened(self, slot: int) -> bool:
+        """Whether a live holder other than the one of ``slot`` has finished its open."""
+        return self._any_held(slot, at=1)
 
     def is_live(self, slot: int, serial: int) -> bool:
         """Whether the holder that took ``slot`` as ``serial`` still runs."""
@@ -138,9 +151,12 @@ class ProcessTable:
     def others_live(self, slot: int) -> bool:
         """Whether a live holder other than the one of ``slot`` has a slot (this process's
         other handles of the pool count: each holds a slot of its own)."""
+        return self._any_held(slot, at=0)
+
+    def _any_held(self, slot: int, *, at: int) -> bool:
         used = np.flatnonzero(self._table["pid_ns"] != 0).tolist()
         return any(
-            leases.is_held(self._probe_fd, self._lease_byte(other))
+            leases.is_held(self._probe_fd, self._lease_byte(other) + at)
             for other in used
             if other != slot
         )
