@@ -62,6 +62,7 @@ from .errors import (
     PoolExistsError,
     PoolFullError,
     PoolNotFoundError,
+    RemoteError,
     SnapshotError,
     UntrustedOwnerError,
     ValueTooLargeError,
@@ -69,7 +70,7 @@ from .errors import (
 from .lifecycle import adopt, create, destroy, list_pools, open
 from .pool import Pool
 from .prefix import KVLayout, PrefixCache
-from .reports import EvictionResult, PoolStats
+from .reports import EvictionResult, PoolStats, RemoteStats
 from .snapshot import (
     RestoreReport,
     SnapshotInfo,
@@ -104,6 +105,8 @@ __all__ = [
     "PoolNotFoundError",
     "PoolStats",
     "PrefixCache",
+    "RemoteError",
+    "RemoteStats",
     "RestoreReport",
     "SnapshotError",
     "SnapshotInfo",

@@ -88,6 +88,11 @@ class AddressSpaceError(KVCacheError, OSError):
     """This process may not map the whole pool: its address-space limit (ulimit -v) is too low."""
 
 
+class RemoteError(KVCacheError):
+    """The remote tier (Redis / Valkey) cannot be used as asked: unreachable at create, or it
+    refuses the credentials. Later failures are misses, never this error."""
+
+
 class DependencyError(KVCacheError, ImportError):
     """An optional dependency (torch, transformers) is missing or of an unsupported version."""
 

@@ -46,8 +46,12 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 3
-"""3: the header names a lower pool (``spill_to``, with its ``promote`` mode), counts
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (3, 4)
+"""4: the header names a remote tier (URL, namespace, write mode, timeout, password
+file) and counts its traffic; those fields are zero in a format-3 header (they lie
+past its end, where a new header is zeros), so format-3 pools open as pools without
+a remote. 3: the header names a lower pool (``spill_to``, with its ``promote`` mode), counts
 spills and promotions, and says whether the last process closed the pool cleanly.
 2: entries name their writer by process slot (not pid) and carry a checksum over
 their flags, lengths and bytes, and wall-clock times; the header's ``retired`` word
@@ -67,6 +71,23 @@ COUNTERS = (
     "promotions",
 )
 """The header's event counters (``Pool.stats`` reports them; repair resets any out of range)."""
+
+REMOTE_COUNTERS = (
+    "hits",
+    "misses",
+    "bytes_in",
+    "bytes_out",
+    "writes",
+    "dropped",
+    "errors",
+    "damaged",
+    "calls",
+    "micros",
+)
+"""The remote tier's counters, header fields ``remote_<name>`` (``Pool.remote_stats``):
+entries found and not found, bytes received and sent, entries written and dropped
+(queue full, remote down), failed calls, entries found damaged, calls and their
+total microseconds (for the mean latency)."""
 
 HEADER_DTYPE = np.dtype(
     [
@@ -118,6 +139,13 @@ HEADER_DTYPE = np.dtype(
         ("spills", "<i8"),  # entries this pool's evictions moved to its lower pool
         ("promotions", "<i8"),  # entries a hit below moved up into this pool
         ("clean", "<i8"),  # 1 once the last process closed it after a flush; 0 while open
+        # the remote tier (format 4): set at create, empty url = none
+        ("remote_url", "S256"),
+        ("remote_namespace", "S64"),
+        ("remote_password_file", "S256"),
+        ("remote_write_through", "<i8"),
+        ("remote_timeout_s", "<f8"),
+        *((f"remote_{name}", "<i8") for name in REMOTE_COUNTERS),
     ]
 )
 
@@ -339,7 +367,7 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
             f"{where} is not a kvcache pool: remove it or pick another name"
         )
     version = int(header["format_version"])
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise IncompatiblePoolError(
             f"{where} has pool format version {version}, this kvcache reads {FORMAT_VERSION}: "
             "open it with the kvcache that made it, or persist it there and restore here"

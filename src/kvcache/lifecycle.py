@@ -10,13 +10,14 @@ whoever still has it open (``Pool._retire``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,10 @@ from .layout import (
     write_header,
 )
 from .pool import Pool
+from .remote import RemoteLink, RemoteSpec
+from .remote.mixin import attach as attach_remote
+from .remote.reach import check_reachable, remote_spec
+from .remote.stored import read_spec, write_spec
 from .tiers import Below
 
 
@@ -64,6 +69,11 @@ def create(
     promote: str = "hit",
     tier: str = "cpu",
     path: str | os.PathLike[str] | None = None,
+    remote: str | None = None,
+    namespace: str | None = None,
+    write_through: bool = False,
+    remote_timeout: str | float | None = None,
+    password_file: str | os.PathLike[str] | None = None,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -90,11 +100,23 @@ def create(
             on a disk: no RAM limit, warm after a restart; see ``kvcache.durable``).
         path: the folder for the pool's file (must exist); default /dev/shm for
             ``cpu``, ``$KVCACHE_HOME/disk`` for ``disk`` (see ``kvcache.folders``).
+        remote: a Redis / Valkey server or Cluster as the chain's last tier
+            (``redis://host:6379/0``, ``rediss://``, ``unix:///path``,
+            ``redis+cluster://h1:p1,h2:p2``; see :mod:`kvcache.remote`), shared
+            by every host whose pool names it with the same ``namespace``.
+        namespace: the remote keys' prefix (required with ``remote``).
+        write_through: send every put to the remote at once (other hosts see it
+            at once) rather than only what the local tiers evict.
+        remote_timeout: a remote call slower than this (``"250ms"``, seconds)
+            marks the remote down; default 0.25 s.
+        password_file: a file holding the remote's password; without it the
+            password comes from ``$KVCACHE_REDIS_PASSWORD`` (never from the URL).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
         PoolExistsError: a pool of that name exists, in any folder.
         PoolNotFoundError: ``spill_to`` names no pool.
+        RemoteError: the remote cannot be reached or refuses the password.
         OutOfSharedMemoryError, InvalidArgument,
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
@@ -105,6 +127,9 @@ def create(
     promote_word = _promote_word(promote)
     if spill_to is not None:
         check_chain(name, spill_to)
+    spec = remote_spec(remote, namespace, write_through, remote_timeout, password_file)
+    if spec is not None:
+        check_reachable(spec)
     config = PoolConfig.build(
         size,
         page_size=page_size,
@@ -122,11 +147,12 @@ def create(
         verify_reads=verify_reads,
         spill_to=spill_to or "",
         promote=promote_word,
+        remote=spec,
         clock=clock,
         rng=rng,
         folder=folder,
     )
-    _follow_chain(pool, _Handles(owners.TRUST_SELF, verify_reads, clock, rng), ())
+    _follow_chain_of_top(pool, _Handles(owners.TRUST_SELF, verify_reads, clock, rng))
     return pool
 
 
@@ -139,6 +165,7 @@ def create_from_config(
     verify_reads: bool = False,
     spill_to: str = "",
     promote: int = PROMOTE_ON_HIT,
+    remote: RemoteSpec | None = None,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
@@ -147,8 +174,8 @@ def create_from_config(
     """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
 
     Args:
-        spill_to, promote: the chain, written into the header (see :func:`create`;
-            this does not open the lower pool).
+        spill_to, promote, remote: the chain, written into the header (see
+            :func:`create`; this opens neither the lower pool nor the remote).
         hidden: keep the segment under a hidden name until
             :func:`publish` (or :func:`discard`); a restore fills it first.
         folder: a folder from ``folders.choose``; default shared memory.
@@ -165,6 +192,7 @@ def create_from_config(
             spill_to=spill_to,
             promote=promote,
         )
+        write_spec(np.ndarray((), HEADER_DTYPE, buffer=seg.buffer), remote)
         durable.mark_new(seg)
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
@@ -214,7 +242,9 @@ def open(
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     trust = owners.Trust.build(trust_owner, trust_group)
-    return _open_chain(name, _Handles(trust, verify_reads, clock, rng), ())
+    pool = _open_unchained(name, _Handles(trust, verify_reads, clock, rng))
+    _follow_chain_of_top(pool, _Handles(trust, verify_reads, clock, rng))
+    return pool
 
 
 @dataclass(frozen=True)
@@ -225,6 +255,7 @@ class _Handles:
     verify_reads: bool = False
     clock: Callable[[], float] = time.time
     rng: np.random.Generator | None = None
+    remote: RemoteLink | None = None  # the top pool's: the bottom one demotes to it
 
 
 _PLAIN = _Handles(owners.TRUST_SELF)
@@ -247,10 +278,20 @@ def _open_unchained(name: str, how: _Handles) -> Pool:
     return _open_once(name, how)
 
 
+def _follow_chain_of_top(pool: Pool, how: _Handles) -> None:
+    """Attach the remote a pool opened by a caller names, then its chain of lower pools."""
+    spec = stored_remote(pool)
+    link = None if spec is None else RemoteLink(spec, pool._count_remote)
+    attach_remote(pool, link, top=True, bottom=False)
+    _follow_chain(pool, dataclasses.replace(how, remote=link), ())
+
+
 def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
-    """Attach the lower pool the header names (opened now, and again if it goes away)."""
+    """Attach the lower pool the header names (opened now, and again if it goes away);
+    the bottom pool of the chain demotes to the top pool's remote, if it has one."""
     target = stored_spill_to(pool)
     if target is None:
+        attach_remote(pool, how.remote, top=False, bottom=True)
         return
     chain = (*above, pool.name)
 
@@ -265,43 +306,59 @@ def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
     pool._below = Below(target, open_lower)
 
 
+class Link(NamedTuple):
+    """What a pool's header says about its chain."""
+
+    spill_to: str | None = None  # the lower pool
+    promote: int = PROMOTE_ON_HIT
+    remote: RemoteSpec | None = None
+
+
+def stored_remote(pool: Pool) -> RemoteSpec | None:
+    """The remote tier named in ``pool``'s header, or None."""
+    return _link(pool._segment.buffer, pool.name).remote
+
+
 def stored_spill_to(pool: Pool) -> str | None:
     """The lower pool named in ``pool``'s header, or None (none, or a damaged name)."""
-    return _link(pool._segment.buffer)[0]
+    return _link(pool._segment.buffer, pool.name).spill_to
 
 
-def _link(buffer: mmap.mmap) -> tuple[str | None, int]:
-    """The (lower pool, promote word) a pool's header names; a damaged name is none."""
+def _link(buffer: mmap.mmap, name: str) -> Link:
+    """The link a pool's header names; a damaged lower pool name or remote is none."""
     header = np.ndarray((), HEADER_DTYPE, buffer=buffer)
-    raw, promote = header["spill_to"].item(), int(header["promote"])
-    del header  # no view may outlive a closing mapping
     try:
-        return (segment.validate_name(raw.decode("ascii")) if raw else None), promote
+        raw, promote = header["spill_to"].item(), int(header["promote"])
+        remote = read_spec(header, name)
+    finally:
+        del header  # no view may outlive a closing mapping
+    try:
+        lower = segment.validate_name(raw.decode("ascii")) if raw else None
     except (UnicodeDecodeError, InvalidArgument):
-        return None, promote  # damaged: the pool works on alone
+        lower = None  # damaged: the pool works on alone
+    return Link(lower, promote, remote)
 
 
 def _spill_to_of(name: str) -> str | None:
     """The lower pool named in pool ``name``'s header; None if none or it cannot be read."""
-    return chain_of(name)[0]
+    return chain_of(name).spill_to
 
 
-def chain_of(name: str) -> tuple[str | None, int]:
-    """Pool ``name``'s link: (its lower pool or None, its promote word); (None,
-    PROMOTE_ON_HIT) if it names none or cannot be read.
+def chain_of(name: str) -> Link:
+    """Pool ``name``'s link; an empty one if it names none or cannot be read.
 
     Read from the header alone: no process slot, lock or (for a disk pool) clean-close
-    bookkeeping, as a full open would take, just to learn two fixed words.
+    bookkeeping, as a full open would take, just to learn a few fixed fields.
     """
     try:
         seg = segment.attach(name, owners.TRUST_SELF)
     except KVCacheError:
-        return None, PROMOTE_ON_HIT
+        return Link()
     try:
         read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
-        return _link(seg.buffer)
+        return _link(seg.buffer, name)
     except KVCacheError:
-        return None, PROMOTE_ON_HIT
+        return Link()
     finally:
         seg.close()
 

@@ -69,6 +69,7 @@ from .lock import ClosedLock, PoolLock, closed_error
 from .mapping import READ_ATTEMPTS, Default, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
+from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolStats
 from .stored import EntryRef, StoredEntry
 from .tiers import Below, TierMixin
@@ -107,7 +108,7 @@ class _Summed(NamedTuple):
         return self.computed(payload) == transfer.from_word(self.checksum_word)
 
 
-class Pool(EvictionMixin, TierMixin):
+class Pool(EvictionMixin, TierMixin, RemoteMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -256,6 +257,17 @@ class Pool(EvictionMixin, TierMixin):
         )
         if self._below is not None:
             self._forget_below(key)  # an older value below must never resurface
+        if self._remote is not None:
+            stored = StoredEntry(
+                key_bytes,
+                flags,
+                len(encoded.header),
+                encoded.payload.nbytes,
+                priority,
+                expires_at,
+                checksum,
+            )
+            self._remote_after_put(stored, pieces)
 
     def _refuse_too_large(self, num_bytes: int) -> None:
         if num_bytes > self._num_pages * self._page_size:
@@ -276,6 +288,8 @@ class Pool(EvictionMixin, TierMixin):
             if eid >= 0:
                 self._remove(eid)
         below = self._below is not None and self._forget_below(key)
+        if self._remote is not None:
+            self._remote.delete(key_bytes)  # queued: the remote's answer is not waited for
         return eid >= 0 or below
 
     def __delitem__(self, key: Key) -> None:
@@ -293,6 +307,8 @@ class Pool(EvictionMixin, TierMixin):
         value = self._read(key, transfer.materialise)
         if value is None and self._below is not None:
             value = self._read_below(key, transfer.materialise)
+        if value is None and self._remote is not None:
+            value = self._read_remote(key, transfer.materialise)
         return default if value is None else value
 
     def get_into(self, key: Key, buffer: object) -> int | None:
@@ -324,7 +340,9 @@ class Pool(EvictionMixin, TierMixin):
 
         length = self._read(key, copy)
         if length is None and self._below is not None:
-            return self._read_below(key, copy)
+            length = self._read_below(key, copy)
+        if length is None and self._remote is not None:
+            length = self._read_remote(key, copy)
         return length
 
     def __getitem__(self, key: Key) -> Value:
@@ -338,6 +356,14 @@ class Pool(EvictionMixin, TierMixin):
         """Whether ``key`` has a live value (no effect on stats or recency)."""
         if not isinstance(key, (str, bytes)):
             return False
+        if self.in_local_tiers(key):
+            return True
+        return self._remote is not None and self._remote.exists([encode_key(key)[0]])[0]
+
+    @reports_damage
+    def in_local_tiers(self, key: Key) -> bool:
+        """Whether ``key`` has a live value here or in a pool below, without asking the
+        remote tier (``in`` asks it too: a round trip)."""
         key_bytes, _ = encode_key(key)
         with self._lock:
             eid = self._find(key_bytes)
@@ -464,6 +490,8 @@ class Pool(EvictionMixin, TierMixin):
         _open_pools.discard(self)
         if self._below is not None:
             self._below.close()
+        if self._remote is not None:
+            self._remote.close()  # sends what is queued, for a bounded time
         try:
             if self._on_disk:
                 self._close_cleanly()
@@ -655,7 +683,7 @@ class Pool(EvictionMixin, TierMixin):
             if self._on_disk:  # a test, not two calls, on the RAM pools' hot path
                 self._segment.touched(num_pages * self._page_size)
                 self._segment.shed()
-            if self._below is not None:
+            if self._below is not None or self._demote_to is not None:
                 self._spill(num_pages)
             with self._lock:
                 eid = self._reserve(

@@ -47,6 +47,7 @@ from .layout import (
     PROMOTE_NEVER,
     PROMOTE_ON_HIT,
     READY,
+    REMOTE_COUNTERS,
     WRITING,
     E,
     Geometry,
@@ -257,7 +258,7 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
         fresh = min(g.num_pages, max(fresh, lowest))
     survey.fresh_pages = fresh
     wanted = {"clock": survey.clock, "next_fresh_page": fresh}
-    for name in COUNTERS:
+    for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
         wanted[name] = h[getattr(H, name)] if 0 <= h[getattr(H, name)] < CLOCK_LIMIT else 0
     sweep, reserved = h[H.next_sweep_puts], h[H.reserved_pages]
     wanted["next_sweep_puts"] = sweep if 0 <= sweep <= wanted["puts"] + g.max_entries else 0

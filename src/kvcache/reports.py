@@ -102,3 +102,33 @@ class EntryInfo:
         if isinstance(self.key, bytes):
             fields["key"] = repr(self.key)
         return fields
+
+
+@dataclass(frozen=True)
+class RemoteStats:
+    """A pool's remote tier: where it is, whether this process reaches it, and its
+    counters (kept in the pool's header, shared by every process that uses it)."""
+
+    url: str
+    namespace: str
+    write_through: bool
+    up: bool  # as this process last found it
+    problem: str | None  # why it is down
+    hits: int
+    misses: int
+    bytes_in: int
+    bytes_out: int
+    writes: int  # entries written (demoted or written through)
+    dropped: int  # entries not written: the queue was full or the remote down
+    errors: int  # failed calls
+    damaged: int  # entries found damaged, torn or half evicted (a miss; deleted)
+    calls: int
+    micros: int
+
+    @property
+    def mean_latency_s(self) -> float:
+        """Mean time of a successful call, 0.0 before the first one."""
+        return self.micros / self.calls / 1e6 if self.calls else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "mean_latency_s": self.mean_latency_s}

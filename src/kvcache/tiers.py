@@ -134,6 +134,8 @@ class TierMixin(MappingMixin):
     read_entry: Callable[[EntryRef], tuple[StoredEntry, list[memoryview]] | None]
     confirm: Callable[[EntryRef, StoredEntry, list[memoryview]], bool]
     write_entry: Callable[..., bool]
+    _demote: Callable[..., bool]
+    _demote_to: Any
     _tidy: Callable[..., tuple[int, int]]
     _choose_victims: Callable[[], tuple[np.ndarray, bool]]
 
@@ -202,17 +204,21 @@ class TierMixin(MappingMixin):
         return [EntryRef(eid, generation) for eid, generation in chosen.items()]
 
     def _spill_one(self, ref: EntryRef) -> None:
-        assert self._below is not None
+        """Move one victim to the lower pool, or to the remote at the bottom of the chain."""
         read = self.read_entry(ref)
         if read is None:
             return  # gone since it was chosen
         entry, views = read
+        below = self._below
+        if below is not None:
 
-        def fill(targets: list[memoryview]) -> int | None:
-            transfer.scatter(targets, tuple(views))
-            return entry.checksum if self.confirm(ref, entry, views) else None
+            def fill(targets: list[memoryview]) -> int | None:
+                transfer.scatter(targets, tuple(views))
+                return entry.checksum if self.confirm(ref, entry, views) else None
 
-        moved = self._below.call(lambda lower: lower.write_entry(entry, fill), False)
+            moved = below.call(lambda lower: lower.write_entry(entry, fill), False)
+        else:
+            moved = self._demote(entry, views, lambda: self.confirm(ref, entry, views))
         if not moved:
             return  # the put's eviction drops it instead
         with self._lock:
@@ -220,8 +226,13 @@ class TierMixin(MappingMixin):
             if still_here:
                 self._remove(ref.eid)
                 self._hq[H.spills] += 1
-        if not still_here:  # replaced here while it moved: what went down is stale
-            self._below.call(lambda lower: lower.delete(entry.key), False)
+        if still_here:
+            return
+        # replaced here while it moved: what went down is stale
+        if below is not None:
+            below.call(lambda lower: lower.delete(entry.key), False)
+        elif self._demote_to is not None:
+            self._demote_to.delete(entry.key)
 
     # ------------------------------------------------------------ promoting
 

@@ -20,7 +20,7 @@ _SIZE_UNITS = {"": 1, "B": 1} | {
     for suffix in ("", "I", "B", "IB")
 }
 """Upper-cased spellings: ``K``, ``Ki``, ``KB``, ``KiB`` ... ``P``, ``Pi``, ``PB``, ``PiB``."""
-_DURATION_UNITS = {"": 1, "S": 1, "M": 60, "H": 3600, "D": 86400}
+_DURATION_UNITS = {"": 1, "MS": 0.001, "S": 1, "M": 60, "H": 3600, "D": 86400}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
 MAX_SIZE_BYTES = 1 << 50
@@ -76,7 +76,9 @@ def parse_duration(text: str | float | int, *, what: str = "duration") -> float:
     else:
         number, unit = _split(text, what, "90s, 15m, 1h or 2d")
         if unit.upper() not in _DURATION_UNITS:
-            raise InvalidArgument(f"{what} {text!r} has an unknown unit {unit!r}: use s, m, h or d")
+            raise InvalidArgument(
+                f"{what} {text!r} has an unknown unit {unit!r}: use ms, s, m, h or d"
+            )
         seconds = number * _DURATION_UNITS[unit.upper()]
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidArgument(

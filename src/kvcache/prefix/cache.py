@@ -70,9 +70,10 @@ class PrefixCache:
         """How many leading tokens of ``token_ids`` have cached KV (a multiple of chunk_tokens).
 
         A presence check only (no copy, no effect on recency or hit counts): a
-        chunk evicted or found damaged before ``retrieve`` shortens that hit.
+        chunk evicted or found damaged before ``retrieve`` shortens that hit. The
+        chunks missing locally cost one round trip to a remote tier, not one each.
         """
-        return self._count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
+        return self.pool.count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
 
     def new_buffer(self, num_tokens: int) -> np.ndarray:
         """An uninitialised ``out=`` buffer for :meth:`retrieve` of up to ``num_tokens`` tokens.
@@ -116,6 +117,8 @@ class PrefixCache:
             flat, capacity = self._flat_bytes(out)
             keys = chunk_keys(self.namespace, tokens, min(limit, capacity) // self.chunk_tokens)
         heads = [self._head(index) for index in range(len(keys))]
+        if self.pool.remote is not None:
+            self.pool.prefetch(keys)  # what only the remote has, in one round trip
         num_chunks = fetch_chunks(self.pool, keys, heads, self._chunk_bytes, flat)
         num_tokens = num_chunks * self.chunk_tokens
         kv = chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
@@ -158,8 +161,10 @@ class PrefixCache:
         buffer = np.empty(self._chunk_bytes + TRAILER_BYTES, np.uint8)  # reused: put copies it
         chunk = chunk_view(buffer, self.layout, size)
         written = 0
-        for index, key in enumerate(chunk_keys(self.namespace, tokens)):
-            if key in self.pool:
+        keys = chunk_keys(self.namespace, tokens)
+        cached = self.pool.count_present(keys)  # the leading run, remote included: one trip
+        for index, key in enumerate(keys):
+            if index < cached or self.pool.in_local_tiers(key):
                 continue
             source.copy_tokens(index * size, (index + 1) * size, chunk)
             seal(buffer, self._head(index))
@@ -177,13 +182,6 @@ class PrefixCache:
 
     def _head(self, index: int) -> bytes:
         return trailer_head(self.layout, self.chunk_tokens, index, self.namespace.digest)
-
-    def _count_present(self, keys: list[str]) -> int:
-        """How many of ``keys``, from the first, are in the pool."""
-        for index, key in enumerate(keys):
-            if key not in self.pool:
-                return index
-        return len(keys)
 
     def _flat_bytes(self, out: Any) -> tuple[np.ndarray, int]:
         """``out``'s memory as uint8, and how many tokens it holds; see :meth:`retrieve`."""

@@ -33,8 +33,15 @@ from ..errors import (
     PoolExistsError,
     SnapshotError,
 )
-from ..layout import ENTRY_DTYPE, PROMOTE_ON_HIT
-from ..lifecycle import chain_of, create_from_config, discard, publish, refuse_if_in_use
+from ..layout import ENTRY_DTYPE
+from ..lifecycle import (
+    Link,
+    chain_of,
+    create_from_config,
+    discard,
+    publish,
+    refuse_if_in_use,
+)
 from ..lifecycle import open as open_pool
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
@@ -312,15 +319,16 @@ def restore_with_report(
             f"restoring pool '{name}'",
             "restore into a smaller --size, destroy unused pools, or free memory",
         )
-        # A replaced pool's chain carries over: its lower pool stays where it was.
-        spill_to, promote = chain_of(name) if replace else (None, PROMOTE_ON_HIT)
+        # A replaced pool's chain carries over: its lower pool and remote stay as they were.
+        link = chain_of(name) if replace else Link()
         builder = create_from_config(
             name,
             config,
             mode=mode,
             prealloc=prealloc,
-            spill_to=spill_to or "",
-            promote=promote,
+            spill_to=link.spill_to or "",
+            promote=link.promote,
+            remote=link.remote,
             clock=clock,
             hidden=True,
             folder=target,

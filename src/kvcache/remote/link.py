@@ -1,0 +1,337 @@
+"""The remote tier at run time: bounded calls, marked down on failure, and a writer thread.
+
+Every call to Redis is bounded by the spec's timeout and made through
+``RemoteLink.call``: a failure of any kind (refused, timed out, an error
+answer such as OOM or LOADING, a dropped connection) is logged once as a
+warning, counted, and marks the remote *down*; while it is down every call
+returns its default at once (a miss, "not there", "not written"), and it is
+tried again after a backoff that doubles from ``FIRST_BACKOFF_S`` up to
+``MAX_BACKOFF_S``. A caller never sees an exception from the remote and never
+waits longer than one timeout for it.
+
+Writes (entries demoted or written through, and deletes) never wait for the
+network: they are queued and a daemon thread sends them, in order, in
+pipelined batches. The queue holds at most ``MAX_PENDING_BYTES`` of values;
+what does not fit is dropped and counted (the remote is a cache). At exit the
+thread gets ``EXIT_FLUSH_S`` to send what is queued.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..errors import DependencyError
+from . import records
+from .urls import RemoteSpec, connect
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+MAX_PENDING_BYTES = 256 << 20
+EXIT_FLUSH_S = 2.0
+BATCH_BYTES = 8 << 20
+"""A writer's pipeline is sent once it holds this much (or the queue is empty)."""
+
+Counter = Callable[[dict[str, int]], None]
+"""Adds to the remote counters of the pool that names the remote (``layout.REMOTE_COUNTERS``)."""
+
+
+@dataclass(frozen=True)
+class _Put:
+    name: str
+    encoded: records.Encoded
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class _Delete:
+    name: str
+
+
+class RemoteLink:
+    """One process's connection to a pool's remote tier (shared by the pools of its chain)."""
+
+    def __init__(self, spec: RemoteSpec, count: Counter, *, part_bytes: int | None = None) -> None:
+        self.spec = spec
+        self.part_bytes = part_bytes or records.DEFAULT_PART_BYTES
+        self._count = count
+        self._client: Any = None
+        self._errors: tuple[type[BaseException], ...] = ()
+        self._guard = threading.Lock()  # down state and the client
+        self._retry_at = 0.0
+        self._backoff = FIRST_BACKOFF_S
+        self.problem: str | None = None  # why it is down, for status
+        self._queue: deque[_Put | _Delete] = deque()
+        self._pending_bytes = 0
+        self._wake = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._closed = False
+        _links.add(self)
+
+    # ------------------------------------------------------------- calls
+
+    @property
+    def is_down(self) -> bool:
+        return self.problem is not None
+
+    def call(self, action: Callable[[Any], T], default: T) -> T:
+        """``action(client)``, or ``default`` if the remote is down or the call fails."""
+        client = self._usable_client()
+        if client is None:
+            return default
+        started = time.perf_counter()
+        try:
+            result = action(client)
+        except self._errors as exc:
+            self._fail(exc)
+            return default
+        self._count({"calls": 1, "micros": int((time.perf_counter() - started) * 1e6)})
+        if self.problem is not None:
+            with self._guard:
+                self.problem, self._backoff = None, FIRST_BACKOFF_S
+            log.warning("remote %s is back", self.spec.url)
+        return result
+
+    def _usable_client(self) -> Any:
+        with self._guard:
+            if self.problem is not None and time.monotonic() < self._retry_at:
+                return None
+            if self._client is None:
+                try:
+                    self._client = connect(self.spec)
+                except DependencyError as exc:
+                    self.problem, self._retry_at = str(exc), math.inf
+                    log.warning("remote %s is out of use: %s", self.spec.url, exc)
+                    return None
+                import redis  # present: connect imported it
+
+                self._errors = (redis.RedisError, OSError, ValueError)
+            return self._client
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._guard:
+            first = self.problem is None
+            self.problem = f"{type(exc).__name__}: {exc}"
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+        self._count({"errors": 1})
+        if first:  # one warning per outage, not one per call
+            log.warning(
+                "remote %s is down (%s): working on the local tiers, retrying with backoff",
+                self.spec.url,
+                self.problem,
+            )
+
+    def ping(self) -> float | None:
+        """Seconds one PING took, or None if the remote is down."""
+
+        def timed(client: Any) -> float:
+            started = time.perf_counter()
+            client.ping()
+            return time.perf_counter() - started
+
+        return self.call(timed, None)
+
+    # ------------------------------------------------------------- reads
+
+    def fetch(self, keys: Sequence[bytes]) -> list[records.Decoded | None]:
+        """The verified entries of ``keys`` (None: a miss), in two pipelined round trips
+        at most: heads first, then the further parts of the entries that have them."""
+        if not keys:
+            return []
+        names = [records.key_name(self.spec.namespace, key) for key in keys]
+
+        def read(client: Any) -> list[list[bytes | None]]:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            heads: list[bytes | None] = pipe.execute()
+            split = [(i, records.parts_of(h)) for i, h in enumerate(heads) if h is not None]
+            split = [(i, n) for i, n in split if n > 1]
+            found: list[list[bytes | None]] = [[head] for head in heads]
+            if split:
+                pipe = client.pipeline(transaction=False)
+                for i, n in split:
+                    pipe.mget(records.part_names(names[i], n))
+                for (i, _), rest in zip(split, pipe.execute(), strict=True):
+                    found[i].extend(rest)
+            return found
+
+        found = self.call(read, None)
+        if found is None:
+            return [None] * len(keys)
+        decoded: list[records.Decoded | None] = []
+        received = 0
+        for key, parts in zip(keys, found, strict=True):
+            entry = records.decode(key, parts)
+            if entry is None and parts[0] is not None:
+                self.delete(key)  # damaged, torn or half evicted: never served, removed
+                self._count({"damaged": 1})
+            received += sum(len(part) for part in parts if part is not None)
+            decoded.append(entry)
+        hits = sum(entry is not None for entry in decoded)
+        self._count({"hits": hits, "misses": len(keys) - hits, "bytes_in": received})
+        return decoded
+
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key has an entry in the remote: one pipelined round trip."""
+        if not keys:
+            return []
+        names = [records.key_name(self.spec.namespace, key) for key in keys]
+
+        def probe(client: Any) -> list[bool]:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.exists(name)
+            return [bool(n) for n in pipe.execute()]
+
+        return self.call(probe, [False] * len(keys))
+
+    # ------------------------------------------------------------- writes
+
+    def store(self, entry: records.StoredEntry, views: Sequence[Any]) -> bool:
+        """Queue an entry (its bytes copied now) to be written; whether it was."""
+        encoded = self.encode(entry, views)
+        return encoded is not None and self.send(entry, encoded)
+
+    def encode(self, entry: records.StoredEntry, views: Sequence[Any]) -> records.Encoded | None:
+        """A copy of an entry's bytes (key | value header | payload) ready to queue; None
+        (counted as dropped) when the queue has no room or the remote is down."""
+        if self.problem is not None and time.monotonic() < self._retry_at:
+            self._count({"dropped": 1})
+            return None
+        if self._pending_bytes + entry.num_bytes > MAX_PENDING_BYTES:
+            self._count({"dropped": 1})
+            return None
+        return records.encode(entry, views, self.part_bytes)
+
+    def send(self, entry: records.StoredEntry, encoded: records.Encoded) -> bool:
+        """Queue ``encoded`` (from :meth:`encode`) to be written under ``entry``'s key."""
+        name = records.key_name(self.spec.namespace, entry.key)
+        self._enqueue(_Put(name, encoded, entry.expires_at), encoded.num_bytes)
+        return True
+
+    def delete(self, key: bytes) -> None:
+        """Queue the removal of ``key``'s entry from the remote."""
+        self._enqueue(_Delete(records.key_name(self.spec.namespace, key)), 0)
+
+    def _enqueue(self, item: _Put | _Delete, num_bytes: int) -> None:
+        with self._wake:
+            self._queue.append(item)
+            self._pending_bytes += num_bytes
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(
+                    target=self._write_forever, name="kvcache-remote-writer", daemon=True
+                )
+                self._writer.start()
+            self._wake.notify()
+
+    def flush(self, timeout_s: float = EXIT_FLUSH_S) -> bool:
+        """Wait until everything queued was sent (or dropped); whether it was, in time."""
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            while self._queue or self._pending_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.05))
+        return True
+
+    def _write_forever(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    if self._closed:
+                        return
+                    self._wake.wait()
+                batch: list[_Put | _Delete] = []
+                size = 0
+                while self._queue and size < BATCH_BYTES:
+                    item = self._queue.popleft()
+                    batch.append(item)
+                    size += item.encoded.num_bytes if isinstance(item, _Put) else 0
+            sent = self.call(lambda client, b=batch: _send(client, b), None)  # type: ignore[misc]
+            with self._wake:
+                self._pending_bytes -= size
+                self._wake.notify_all()
+            if sent is None:
+                self._count({"dropped": sum(isinstance(i, _Put) for i in batch)})
+            else:
+                self._count({"writes": sent, "bytes_out": size})
+
+    def close(self) -> None:
+        """Send what is queued (for ``EXIT_FLUSH_S`` at most) and stop the writer."""
+        self.flush()
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+
+
+def _send(client: Any, batch: list[_Put | _Delete]) -> int:
+    """Write ``batch`` in order, in runs of puts and runs of deletes; the puts sent."""
+    puts = 0
+    i = 0
+    while i < len(batch):
+        kind = type(batch[i])
+        j = i
+        while j < len(batch) and type(batch[j]) is kind:
+            j += 1
+        run = batch[i:j]
+        if kind is _Put:
+            _send_puts(client, run)  # type: ignore[arg-type]
+            puts += len(run)
+        else:
+            _send_deletes(client, [item.name for item in run])
+        i = j
+    return puts
+
+
+def _send_puts(client: Any, puts: list[_Put]) -> None:
+    pipe = client.pipeline(transaction=False)
+    now = time.time()
+    for put in puts:
+        if put.expires_at != math.inf:
+            ttl_ms = int((put.expires_at - now) * 1000)
+            if ttl_ms <= 0:
+                continue  # expired while queued
+        else:
+            ttl_ms = None
+        names = [put.name, *records.part_names(put.name, len(put.encoded.parts))]
+        # Further parts first, the head last: a reader that finds the new head finds its parts.
+        for name, part in [
+            *zip(names[1:], put.encoded.parts[1:], strict=True),
+            (names[0], put.encoded.parts[0]),
+        ]:
+            pipe.set(name, part, px=ttl_ms)
+    pipe.execute()
+
+
+def _send_deletes(client: Any, names: list[str]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.getrange(name, 0, records.HEAD.size - 1)
+    heads = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for name, head in zip(names, heads, strict=True):
+        pipe.delete(name, *records.part_names(name, records.parts_of(head or b"")))
+    pipe.execute()
+
+
+_links: weakref.WeakSet[RemoteLink] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for link in list(_links):
+        link.close()

@@ -1,0 +1,75 @@
+"""Checks made once, when a pool is created with a remote: the spec, and that it answers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import InvalidArgument, RemoteError
+from ..units import parse_duration
+from .urls import DEFAULT_TIMEOUT_S, PASSWORD_ENV, RemoteSpec, connect
+
+
+def remote_spec(
+    url: str | None,
+    namespace: str | None,
+    write_through: bool,
+    timeout: str | float | None,
+    password_file: str | os.PathLike[str] | None,
+) -> RemoteSpec | None:
+    """``create``'s remote arguments as a spec; None without ``url``.
+
+    Raises:
+        InvalidArgument: remote options without a URL, a URL without a namespace,
+            or a bad URL, namespace, timeout or password file.
+    """
+    if url is None:
+        if namespace is not None or write_through or timeout is not None or password_file:
+            raise InvalidArgument(
+                "--namespace, --write-through, --remote-timeout and --password-file "
+                "need --remote URL"
+            )
+        return None
+    if namespace is None:
+        raise InvalidArgument(
+            "a remote needs --namespace NAME: hosts that share prefixes use the same one"
+        )
+    seconds = DEFAULT_TIMEOUT_S if timeout is None else parse_duration(timeout, what="timeout")
+    file = ""
+    if password_file is not None:
+        file = os.path.abspath(os.fspath(password_file))
+        if not os.path.isfile(file):
+            raise InvalidArgument(f"password file {file} does not exist: create it (mode 0600)")
+    return RemoteSpec(url, namespace, write_through, seconds, file)
+
+
+def check_reachable(spec: RemoteSpec) -> None:
+    """PING the remote with the spec's credentials.
+
+    Raises:
+        RemoteError: it cannot be reached in time, or refuses the credentials.
+        DependencyError: redis-py is not installed.
+    """
+    client: Any = connect(spec)
+    import redis  # connect succeeded: redis-py is there
+
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise RemoteError(_refused(spec, exc)) from None
+    except redis.ResponseError as exc:  # NOAUTH, WRONGPASS on some versions
+        if "auth" in str(exc).lower() or "WRONGPASS" in str(exc):
+            raise RemoteError(_refused(spec, exc)) from None
+        raise RemoteError(f"remote {spec.url} answered an error: {exc}") from None
+    except (redis.RedisError, OSError) as exc:
+        raise RemoteError(
+            f"cannot reach remote {spec.url} within {spec.timeout_s:g} s ({exc}): "
+            "check the URL and that the server runs (or raise --remote-timeout)"
+        ) from None
+    finally:
+        client.close()
+
+
+def _refused(spec: RemoteSpec, exc: Exception) -> str:
+    source = f"the file {spec.password_file}" if spec.password_file else f"${PASSWORD_ENV}"
+    return f"remote {spec.url} refused the credentials ({exc}): set the password in {source}"

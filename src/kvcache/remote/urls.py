@@ -1,0 +1,181 @@
+"""Where the remote tier is, and how to reach it: URLs, namespaces, passwords, clients.
+
+Accepted URLs::
+
+    redis://HOST[:PORT][/DB]           rediss://... (TLS)
+    unix:///PATH/TO/SOCKET[?db=N]
+    redis+cluster://HOST:PORT[,HOST:PORT...]   rediss+cluster://... (TLS)
+
+``valkey://`` and ``valkeys://`` are accepted as other names for ``redis`` and
+``rediss`` (Valkey speaks the same protocol). A user name may be given in the
+URL (Redis ACLs); a password never is: command lines are visible to every
+user in ``ps``. It comes from ``$KVCACHE_REDIS_PASSWORD``, or from a file
+whose path the pool records (``password_file``, read by every process that
+opens the pool, so it should be readable by its user only).
+
+redis-py is imported here, and only when a client is made: the core of
+kvcache never needs it (``pip install 'kvcache[redis]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import DependencyError, InvalidArgument
+
+PASSWORD_ENV = "KVCACHE_REDIS_PASSWORD"
+DEFAULT_TIMEOUT_S = 0.25
+"""Long enough for a loopback or LAN round trip with a big value, short enough that a
+stalled server costs a caller a quarter second once before the tier is marked down."""
+MAX_URL_CHARS = 255  # the header field
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SCHEMES = {
+    "redis": ("redis", False),
+    "rediss": ("rediss", False),
+    "valkey": ("redis", False),
+    "valkeys": ("rediss", False),
+    "unix": ("unix", False),
+    "redis+cluster": ("redis", True),
+    "rediss+cluster": ("rediss", True),
+    "valkey+cluster": ("redis", True),
+    "valkeys+cluster": ("rediss", True),
+}
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """A pool's remote tier, as its header keeps it.
+
+    Attributes:
+        url: the server or cluster (no password in it).
+        namespace: the first part of every key; hosts that share use the same one.
+        write_through: also send each put to the remote at once (other hosts
+            see it at once), not only what the local tiers evict.
+        timeout_s: a call slower than this marks the remote down.
+        password_file: a file holding the password; "" = ``$KVCACHE_REDIS_PASSWORD``.
+    """
+
+    url: str
+    namespace: str
+    write_through: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    password_file: str = ""
+
+    def __post_init__(self) -> None:
+        check_url(self.url)
+        check_namespace(self.namespace)
+        if not 0 < self.timeout_s <= 60:
+            raise InvalidArgument(
+                f"remote timeout must be between 0 and 60 s, not {self.timeout_s!r}"
+            )
+
+    @property
+    def is_cluster(self) -> bool:
+        return _SCHEMES[urlsplit(self.url).scheme][1]
+
+    def password(self) -> str | None:
+        """The password: from ``password_file`` if set, else the environment, else none."""
+        if not self.password_file:
+            return os.environ.get(PASSWORD_ENV) or None
+        try:
+            return Path(self.password_file).read_text().strip() or None
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot read the remote's password file {self.password_file}: "
+                f"{exc.strerror}; fix it or create the pool again with another --password-file"
+            ) from None
+
+
+def check_url(url: str) -> str:
+    """Refuse a URL kvcache cannot use, or one with a password in it."""
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
+        raise InvalidArgument(f"remote URL must be 1 to {MAX_URL_CHARS} characters: {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise InvalidArgument(
+            f"remote URL {url!r} is not one of redis://, rediss://, unix://, "
+            "redis+cluster:// (or valkey:// ...)"
+        )
+    if _has_password(parts.netloc):
+        raise InvalidArgument(
+            "the remote URL holds a password, which anyone can read in ps: put it in "
+            f"${PASSWORD_ENV} or in a file given with --password-file"
+        )
+    if parts.scheme == "unix":
+        if not parts.path.startswith("/"):
+            raise InvalidArgument(f"remote URL {url!r} needs an absolute socket path")
+    else:
+        _nodes(url)  # every host:port must parse
+    return url
+
+
+def check_namespace(namespace: str) -> str:
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise InvalidArgument(
+            f"namespace must be 1-64 letters, digits, '.', '_' or '-', starting with a "
+            f"letter or digit, not {namespace!r}"
+        )
+    return namespace
+
+
+def _has_password(netloc: str) -> bool:
+    user_info = netloc.rpartition("@")[0]
+    return ":" in user_info
+
+
+def _nodes(url: str) -> list[tuple[str, int]]:
+    """(host, port) of each node named in a redis:// or cluster URL."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    nodes: list[tuple[str, int]] = []
+    for node in netloc.split(","):
+        host, _, port = node.rpartition(":") if ":" in node.lstrip("[") else (node, "", "6379")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"remote URL {url!r}: {node!r} is not HOST:PORT")
+        nodes.append((host, int(port)))
+    return nodes
+
+
+def connect(spec: RemoteSpec) -> Any:
+    """A redis-py client for ``spec`` (no network traffic until first used).
+
+    Every call is bounded by ``spec.timeout_s`` and made once (no retries
+    inside redis-py): the tier's own backoff decides when to try again.
+
+    Raises:
+        DependencyError: redis-py is not installed.
+    """
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.cluster import ClusterNode, RedisCluster
+        from redis.retry import Retry
+    except ImportError:
+        raise DependencyError(
+            "the remote tier needs redis-py: pip install 'kvcache[redis]'"
+        ) from None
+    parts = urlsplit(spec.url)
+    scheme, _ = _SCHEMES[parts.scheme]
+    options: dict[str, Any] = {
+        "password": spec.password(),
+        "socket_timeout": spec.timeout_s,
+        "socket_connect_timeout": spec.timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if parts.username:
+        options["username"] = parts.username
+    if spec.is_cluster:
+        nodes = [ClusterNode(host, port) for host, port in _nodes(spec.url)]
+        return RedisCluster(
+            startup_nodes=nodes,
+            ssl=scheme == "rediss",
+            cluster_error_retry_attempts=0,
+            **options,
+        )
+    url = spec.url if scheme == parts.scheme else f"{scheme}{spec.url[len(parts.scheme) :]}"
+    return redis.Redis.from_url(url, **options)
