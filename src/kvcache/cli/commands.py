@@ -88,12 +88,18 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         promote=args.promote,
         tier=args.tier,
         path=args.path,
+        remote=args.remote,
+        namespace=args.namespace,
+        write_through=args.write_through,
+        remote_timeout=args.remote_timeout,
+        password_file=args.password_file,
     ) as pool:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
+    remote = f", remote {args.remote} (namespace {args.namespace})" if args.remote else ""
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
         f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
-        f"tier {tier}" + (f", spills to '{args.spill_to}'" if args.spill_to else "")
+        f"tier {tier}" + (f", spills to '{args.spill_to}'" if args.spill_to else "") + remote
     )
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
@@ -190,6 +196,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     with kvcache.open(args.name, **_trust(args)) as pool:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
         below = _chain_below(pool)
+        remote = _remote_doc(pool)
     # This command's own process is attached while it reads: leave it out.
     others = tuple(pid for pid in stats.attached if pid != os.getpid())
     num_elsewhere = stats.num_attached - 1 - len(others)
@@ -206,6 +213,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         else None,
         "spill_to": below[0]["name"] if below else None,
         "chain": below,
+        "remote": remote,
     }
     rows = [
         ("pool", args.name),
@@ -225,7 +233,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("repairs", stats.repairs),
         ("damaged", stats.damaged),
         ("spills / promotions", f"{stats.spills} / {stats.promotions}"),
-        ("spills to", _chain_line(below)),
+        ("spills to", _chain_line(below, remote)),
         ("attached", _attached(others, num_elsewhere)),
         (
             "snapshot",
@@ -239,7 +247,35 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
             [_tier_row(i, tier) for i, tier in enumerate([{**doc, "name": args.name}, *below])],
             right=("ENTRIES", "USED", "HITS", "MISSES", "SPILLS", "PROMOTIONS"),
         )
+    if remote is not None:
+        out.table(("REMOTE", "VALUE"), _remote_rows(remote))
     return doc
+
+
+def _remote_doc(pool: kvcache.Pool) -> dict[str, Any] | None:
+    """``status``'s document of the pool's remote tier, pinged now; None without one."""
+    link = pool.remote
+    if link is None:
+        return None
+    ping_s = link.ping()
+    stats = pool.remote_stats()
+    assert stats is not None
+    return {**stats.to_dict(), "up": ping_s is not None, "ping_s": ping_s, "problem": link.problem}
+
+
+def _remote_rows(doc: dict[str, Any]) -> list[tuple[str, object]]:
+    state = f"up (ping {doc['ping_s'] * 1e3:.2f} ms)" if doc["up"] else f"down: {doc['problem']}"
+    return [
+        ("url", doc["url"]),
+        ("namespace", doc["namespace"]),
+        ("writes", "every put (write-through)" if doc["write_through"] else "evicted entries"),
+        ("state", state),
+        ("hits / misses", f"{doc['hits']} / {doc['misses']}"),
+        ("bytes in / out", f"{format_size(doc['bytes_in'])} / {format_size(doc['bytes_out'])}"),
+        ("writes / dropped", f"{doc['writes']} / {doc['dropped']}"),
+        ("errors / damaged", f"{doc['errors']} / {doc['damaged']}"),
+        ("mean latency", f"{doc['mean_latency_s'] * 1e3:.2f} ms over {doc['calls']} calls"),
+    ]
 
 
 def _chain_below(pool: kvcache.Pool) -> list[dict[str, Any]]:
@@ -260,7 +296,9 @@ def _chain_below(pool: kvcache.Pool) -> list[dict[str, Any]]:
     return docs
 
 
-def _chain_line(below: list[dict[str, Any]]) -> str:
+def _chain_line(below: list[dict[str, Any]], remote: dict[str, Any] | None) -> str:
+    if not below and remote is not None and not remote["write_through"]:
+        return f"the remote {remote['url']} (evicted entries go there)"
     if not below:
         return "none (evictions drop entries)"
     return " -> ".join(

@@ -52,6 +52,33 @@ def _force(parser: argparse.ArgumentParser, text: str) -> None:
 _MODE_FORCE = "allow a --mode that lets other users in (e.g. 666)"
 
 
+def _remote(p: argparse.ArgumentParser) -> None:
+    """``create``'s remote-tier options (see ``kvcache.remote``)."""
+    p.add_argument(
+        "--remote",
+        metavar="URL",
+        help="a Redis/Valkey server or cluster as the last tier, shared by every host with "
+        "the same --namespace: redis://HOST:6379/0, rediss://, unix:///PATH, "
+        "redis+cluster://H1:P1,H2:P2 (the password from $KVCACHE_REDIS_PASSWORD or "
+        "--password-file, never in the URL)",
+    )
+    p.add_argument("--namespace", help="with --remote: the prefix of the remote keys")
+    p.add_argument(
+        "--write-through",
+        action="store_true",
+        help="with --remote: send every put to the remote at once (other hosts see it at "
+        "once), not only what the local tiers evict",
+    )
+    p.add_argument(
+        "--remote-timeout",
+        metavar="DURATION",
+        help="with --remote: a call slower than this marks it down (default 250ms)",
+    )
+    p.add_argument(
+        "--password-file", metavar="FILE", help="with --remote: a file holding its password"
+    )
+
+
 def _trust(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trust-owner",
@@ -120,6 +147,7 @@ def build(prog: str) -> argparse.ArgumentParser:
         help="with --spill-to: move an entry found below up into this pool (hit, the "
         "default) or read it where it is (never)",
     )
+    _remote(p)
     p.add_argument(
         "--mode", default="600", help="octal permissions, e.g. 660 to share with a group"
     )
