@@ -34,7 +34,7 @@ def test_the_package_marks_itself_typed() -> None:
     assert importlib.resources.files("kvcache").joinpath("py.typed").is_file()
 
 
-def test_a_built_wheel_ships_py_typed_and_needs_no_rich(tmp_path: Path) -> None:
+def test_a_built_wheel_ships_py_typed_and_needs_no_rich_or_redis(tmp_path: Path) -> None:
     project = tmp_path / "project"
     shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
@@ -54,6 +54,9 @@ def test_a_built_wheel_ships_py_typed_and_needs_no_rich(tmp_path: Path) -> None:
     requires = [line for line in metadata.decode().splitlines() if line.startswith("Requires-Dist")]
     assert [line for line in requires if "rich" in line] == [
         'Requires-Dist: rich>=13; extra == "cli"'
+    ]
+    assert [line for line in requires if line.startswith("Requires-Dist: redis")] == [
+        'Requires-Dist: redis>=5.0; extra == "redis"'
     ]
 
 
@@ -105,7 +108,7 @@ import kvcache
 from kvcache import KVLayout, PrefixCache
 
 name, snapshot, extras_only = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-extras = ("rich", "torch", "transformers")
+extras = ("redis", "rich", "torch", "transformers")
 failed = {}
 for module in pkgutil.walk_packages(kvcache.__path__, "kvcache."):
     if module.name not in extras_only:
@@ -150,11 +153,11 @@ def _without(blocked: set[str], tmp_path: Path, *command: str) -> subprocess.Com
     )
 
 
-def test_the_library_works_without_rich_torch_or_transformers(tmp_path: Path) -> None:
+def test_the_library_works_without_rich_torch_transformers_or_redis(tmp_path: Path) -> None:
     name = f"test-{uuid.uuid4().hex[:12]}"
     try:
         result = _without(
-            {"rich", "torch", "transformers"},
+            {"redis", "rich", "torch", "transformers"},
             tmp_path,
             sys.executable,
             "-c",
@@ -175,6 +178,27 @@ def test_the_library_works_without_rich_torch_or_transformers(tmp_path: Path) ->
         "prefix_tokens": 8,
         "loaded": [],
     }
+
+
+LOAD_THE_CORE_AND_THE_COMMAND_LINE = """
+import importlib.util, json, sys
+import kvcache, kvcache.cli, kvcache.cli.commands, kvcache.cli.output
+print(json.dumps({"installed": importlib.util.find_spec("redis") is not None,
+                  "loaded": "redis" in sys.modules}))
+"""
+
+
+def test_importing_the_library_and_its_command_line_leaves_redis_unloaded() -> None:
+    # redis installed (the test extra brings it) and not blocked: only lazy imports keep it out
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_THE_CORE_AND_THE_COMMAND_LINE],
+        env={**os.environ, "PYTHONPATH": str(SOURCE)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == {"installed": True, "loaded": False}
 
 
 def test_the_blocker_really_blocks(tmp_path: Path) -> None:
