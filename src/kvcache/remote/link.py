@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import DependencyError
+from ..errors import KVCacheError
 from . import records
 from .urls import RemoteSpec, connect
 
@@ -107,16 +107,19 @@ class RemoteLink:
         with self._guard:
             if self.problem is not None and time.monotonic() < self._retry_at:
                 return None
-            if self._client is None:
-                try:
-                    self._client = connect(self.spec)
-                except DependencyError as exc:
-                    self.problem, self._retry_at = str(exc), math.inf
-                    log.warning("remote %s is out of use: %s", self.spec.url, exc)
-                    return None
-                import redis  # present: connect imported it
+            if self._client is not None:
+                return self._client
+        try:
+            client = connect(self.spec)
+        except KVCacheError as exc:  # redis-py missing, the password file unreadable
+            self._fail(exc)
+            return None
+        import redis  # present: connect imported it
 
-                self._errors = (redis.RedisError, OSError, ValueError)
+        with self._guard:
+            self._errors = (redis.RedisError, OSError, ValueError)
+            if self._client is None:
+                self._client = client
             return self._client
 
     def _fail(self, exc: BaseException) -> None:
