@@ -41,19 +41,17 @@ Method
   into the same pool size after it was filled and emptied with
   ``evict(percent=100)``; then the full-pool rate under every policy.
 * Eviction quality (4): the Mooncake trace in ``shared/traces`` is replayed
-  through pools holding 10% and 20% of its distinct blocks (``--quick``: the
-  first 500 requests, 10%). Each request reads its blocks in order with
-  ``get_into`` and reuses only the leading run that hits, then stores every
-  block from the first miss on (one 1 KiB page per block: 8-byte key and
-  1016-byte value), reporting block hit rate and prefix-hit tokens (512 per
-  block, capped at the prompt length). Sampled eviction (the default 64
-  samples) is compared with exact ranking (``eviction_samples`` >= capacity)
-  for LRU. Exact LRU is also simulated in plain Python (an ``OrderedDict``
-  that, like the pool, makes room before it replaces a key): it checks the
-  pool's exact mode, gives exact LRU at the larger capacity where the pool's
-  exact mode would take minutes, and an unbounded run gives the upper bound.
-  ttl, size and priority run at the 10% capacity only. Replays run in two
-  worker processes: they measure hit rates, not speed.
+  by ``kvcache.simulate`` (what ``cortex cache simulate`` runs) through
+  scratch pools holding 1, 2, 5, 10 and 20% of its distinct blocks
+  (``--quick``: the first 500 requests, 5%), every policy at every capacity,
+  beside Belady's OPT (the ceiling) and an unbounded cache. Each request
+  reads its blocks in order with ``get_into`` and reuses only the leading run
+  that hits, then stores every block from the first miss on (one 1 KiB page
+  per block), reporting block hit rate and prefix-hit tokens (512 per block,
+  capped at the prompt length). Sampled eviction (the default 64 samples) is
+  compared with exact ranking (``eviction_samples`` >= capacity) for LRU at
+  the smallest capacity (tests check exact LRU against a plain-Python model).
+  Replays run in two worker processes: they measure hit rates, not speed.
 * Other stores (5): ``diskcache`` (directory in /dev/shm) and a Redis server
   on 127.0.0.1:6379 join the 4 KiB and 1 MiB (32 MiB set) rows through the
   same harness when they are available; otherwise a note says how to add them.
@@ -73,7 +71,6 @@ import contextlib
 import cProfile
 import gc
 import itertools
-import json
 import math
 import mmap
 import os
@@ -85,24 +82,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import kvcache
+from kvcache import simulate as sim
 from kvcache.policies import EVICTION_BATCH, POLICIES
 
 SEED = 1234
 KiB, MiB = 1 << 10, 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "synthetic_trace.jsonl"
-TOKENS_PER_BLOCK = 512
 SHM = Path("/dev/shm")
 
 POOL_PREFIX = f"bench-{os.getpid()}"
@@ -131,7 +125,7 @@ FULL = Settings(
     latency_ops=50_000,
     evict_entries=4096,
     trace_requests=None,
-    trace_fractions=(0.10, 0.20),
+    trace_fractions=(0.01, 0.02, 0.05, 0.10, 0.20),
 )
 QUICK = Settings(
     quick=True,
@@ -141,7 +135,7 @@ QUICK = Settings(
     latency_ops=6_000,
     evict_entries=1024,
     trace_requests=500,
-    trace_fractions=(0.10,),
+    trace_fractions=(0.05,),
 )
 
 Row = Sequence[object]
@@ -778,242 +772,94 @@ def section_eviction(settings: Settings) -> None:
 # ---------------------------------------------------- 4. eviction quality
 
 
-MAX_EXACT_POOL_CAPACITY = 8192
-"""Exact ranking costs O(entries) per eviction: above this, only the python reference runs."""
-BLOCK_VALUE_BYTES = 1016
-"""With an 8-byte key, one block fills exactly one 1 KiB page."""
+EXACT_LRU_MAX_CAPACITY = 8192
+"""Exact ranking costs O(entries) per eviction: exact LRU runs at capacities up to this."""
 
 
-@dataclass(frozen=True)
-class Request:
-    input_length: int
-    blocks: tuple[bytes, ...]  # keys, in prompt order
-
-
-@cache
-def load_trace(path: Path, limit: int | None) -> tuple[Request, ...]:
-    requests = []
-    with path.open() as lines:
-        for line in itertools.islice(lines, limit):
-            record = json.loads(line)
-            blocks = tuple(int(h).to_bytes(8, "little") for h in record["hash_ids"])
-            requests.append(Request(int(record["input_length"]), blocks))
-    return tuple(requests)
-
-
-@dataclass(frozen=True)
-class ReplayJob:
-    label: str
-    policy: str
-    capacity: int  # blocks
-    samples: int  # eviction_samples
-    trace: Path
-    limit: int | None
-    pool_prefix: str
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    job: ReplayJob
-    block_hits: int
-    blocks: int
-    hit_tokens: int
-    input_tokens: int
-    evictions: int
-    seconds: float
-
-
-def reused_tokens(request: Request, hits: int) -> int:
-    return min(hits * TOKENS_PER_BLOCK, request.input_length)
-
-
-def replay_pool(job: ReplayJob) -> ReplayResult:
-    """Replay the trace through a real pool (runs in a worker process)."""
-    requests = load_trace(job.trace, job.limit)
-    value, buffer = bytes(BLOCK_VALUE_BYTES), bytearray(BLOCK_VALUE_BYTES)
-    by_position = job.policy == "priority"  # blocks deeper in a prompt are shared less
-    hits = hit_tokens = 0
-    name = f"{job.pool_prefix}-trace-{job.label.replace(' ', '-')}-{job.capacity}"
-    start = time.perf_counter()
-    with temp_pool(
-        name, job.capacity * KiB, page_size="1K", policy=job.policy, eviction_samples=job.samples
-    ) as pool:
-        get_into, put = pool.get_into, pool.put
-        for request in requests:
-            reused = 0
-            for key in request.blocks:
-                if get_into(key, buffer) is None:
-                    break
-                reused += 1
-            for position in range(reused, len(request.blocks)):
-                put(request.blocks[position], value, priority=-position if by_position else 0)
-            hits += reused
-            hit_tokens += reused_tokens(request, reused)
-        evictions = pool.stats().evictions
-    return _replay_result(job, requests, hits, hit_tokens, evictions, start)
-
-
-def _replay_result(
-    job: ReplayJob, requests: list, hits: int, hit_tokens: int, evictions: int, start: float
-) -> ReplayResult:
-    blocks = sum(len(r.blocks) for r in requests)
-    tokens = sum(r.input_length for r in requests)
-    return ReplayResult(
-        job, hits, blocks, hit_tokens, tokens, evictions, time.perf_counter() - start
-    )
-
-
-def replay_reference(job: ReplayJob) -> ReplayResult:
-    """Exact LRU (capacity 0: unbounded) in plain Python, with the pool's put semantics:
-    room is made before a key is replaced, so a put of a present key into a full
-    cache still evicts the least recent entry (possibly that key)."""
-    requests = load_trace(job.trace, job.limit)
-    cache_: OrderedDict[bytes, None] = OrderedDict()
-    hits = hit_tokens = evictions = 0
-    start = time.perf_counter()
-    for request in requests:
-        reused = 0
-        for key in request.blocks:
-            if key not in cache_:
-                break
-            cache_.move_to_end(key)
-            reused += 1
-        for key in request.blocks[reused:]:
-            if job.capacity and len(cache_) >= job.capacity:
-                cache_.popitem(last=False)
-                evictions += 1
-            cache_[key] = None
-            cache_.move_to_end(key)
-        hits += reused
-        hit_tokens += reused_tokens(request, reused)
-    return _replay_result(job, requests, hits, hit_tokens, evictions, start)
-
-
-def run_replay(job: ReplayJob) -> ReplayResult:
-    return replay_reference(job) if job.policy == "reference" else replay_pool(job)
-
-
-def replay_jobs(trace: Path, settings: Settings, distinct: int) -> list[ReplayJob]:
-    """Pool replays for every policy and capacity, exact LRU in the pool at the smallest
-    capacity (it ranks every entry on every put: the slow one), and reference runs."""
-
-    def job(label: str, policy: str, capacity: int, samples: int = 64) -> ReplayJob:
-        return ReplayJob(
-            label, policy, capacity, samples, trace, settings.trace_requests, POOL_PREFIX
-        )
-
-    capacities = [max(64, round(distinct * f)) for f in settings.trace_fractions]
-    jobs = []
-    if capacities[0] <= MAX_EXACT_POOL_CAPACITY:  # first: the longest job
-        jobs.append(job("lru exact", "lru", capacities[0], max(64, capacities[0])))
-    for capacity in capacities:
-        # With equal sizes and no ttl, size and ttl order exactly as lru, and priority is a
-        # fixed heuristic: each is shown at the first capacity only, to keep the section short.
-        once = ("ttl", "size", "priority") if capacity != capacities[0] else ()
-        jobs += [job(policy, policy, capacity) for policy in POLICIES if policy not in once]
-        jobs.append(job("lru exact (python reference)", "reference", capacity))
-    jobs.append(job("unbounded (upper bound)", "reference", 0))
-    return jobs
-
-
-def section_trace(trace: Path, settings: Settings) -> None:
-    if not trace.is_file():
-        print(f"\n4. Eviction quality: skipped, no trace at {trace} (pass --trace PATH)")
+def section_trace(path: Path, settings: Settings) -> None:
+    """The trace replayed through real pools by ``kvcache.simulate`` (what ``cortex cache
+    simulate`` runs), every policy at every capacity, beside OPT."""
+    if not path.is_file():
+        print(f"\n4. Eviction quality: skipped, no trace at {path} (pass --trace PATH)")
         return
-    requests = load_trace(trace, settings.trace_requests)
-    distinct = len({key for r in requests for key in r.blocks})
-    jobs = replay_jobs(trace, settings, distinct)
-    progress(f"trace replay: {len(jobs)} replays of {len(requests):,} requests in 2 processes")
-    with ProcessPoolExecutor(max_workers=2) as workers:
-        results = list(workers.map(run_replay, jobs))
-    print_trace_table(results, len(requests), distinct)
+    trace = sim.read_trace(path)
+    if settings.trace_requests:
+        trace = trace.head(settings.trace_requests)
+    capacities = [max(64, round(trace.num_distinct * f)) for f in settings.trace_fractions]
+    runs = sim.runs_for(list(POLICIES), capacities)
+    runs += [sim.Run("lru", c, c) for c in capacities[:1] if c <= EXACT_LRU_MAX_CAPACITY]
+    runs.append(sim.Run(sim.OPTIMAL, trace.num_distinct))  # everything fits: the upper bound
+    progress(f"trace replay: {len(runs)} replays of {trace.num_requests:,} requests in 2 processes")
+    outcomes = sim.execute(trace, runs, jobs=2)
+    print_trace_table(trace, runs, outcomes)
 
 
-def print_trace_table(results: list[ReplayResult], num_requests: int, distinct: int) -> None:
+def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.Outcome]) -> None:
+    ceilings = {o.capacity_blocks: o for o in outcomes if o.policy == sim.OPTIMAL}
     rows: list[list[object]] = []
-    for capacity in sorted({r.job.capacity for r in results if r.job.capacity}):
-        group = sorted((r for r in results if r.job.capacity == capacity), key=trace_row_order)
-        rows += [trace_row(r, distinct) for r in group] + [[""] * 8]
-    rows += [trace_row(r, distinct) for r in results if not r.job.capacity]
-    first = results[0]
+    for capacity in sorted(ceilings):
+        if rows:
+            rows.append([""] * 8)
+        for run, o in zip(runs, outcomes, strict=True):
+            if o.capacity_blocks == capacity:
+                rows.append(trace_row(trace, run, o, ceilings[capacity]))
     print_table(
-        f"4. Eviction quality: Mooncake trace replay, {num_requests:,} requests, "
-        f"{first.blocks:,} block reads, {distinct:,} distinct blocks",
+        f"4. Eviction quality: Mooncake trace replay, {trace.num_requests:,} requests, "
+        f"{trace.num_reads:,} block reads, {trace.num_distinct:,} distinct blocks",
         [
             "capacity",
-            "policy / eviction",
+            "policy",
             "block hit rate",
+            "of opt",
             "prefix-hit tokens",
             "of input",
             "evictions",
             "seconds",
-            "note",
         ],
         rows,
         [
             "sampled = default eviction_samples=64; exact = eviction_samples >= capacity "
             "(ranks every entry on each eviction).",
+            "opt = Belady's MIN (offline: knows the future), the ceiling of every policy.",
             "priority puts pass priority=-(block position in the prompt), with no aging; no ttl",
-            "is given and all values are equal, so ttl and size rank exactly as lru. These three",
-            "run at the first capacity only.",
-            *approximation_notes(results),
+            "is given and all values are equal, so ttl and size rank exactly as lru.",
+            *exact_lru_notes(runs, outcomes),
         ],
     )
 
 
-def trace_row_order(result: ReplayResult) -> tuple[int, str]:
-    job = result.job
-    return (0 if job.policy == "lru" else 1 if job.policy == "reference" else 2, job.label)
-
-
-def trace_row(result: ReplayResult, distinct: int) -> list[object]:
-    job = result.job
-    if not job.capacity:
-        capacity, kind = "unbounded", job.label
+def trace_row(trace: sim.Trace, run: sim.Run, o: sim.Outcome, ceiling: sim.Outcome) -> list[object]:
+    if o.capacity_blocks == trace.num_distinct:
+        capacity = "unbounded"
     else:
-        capacity = f"{job.capacity:,} ({job.capacity / distinct:.0%})"
-        exact = job.samples >= job.capacity or job.policy == "reference"
-        kind = job.label if job.policy == "reference" or exact else f"{job.label} sampled"
-    note = {"ttl": "= lru (ties)", "size": "= lru (ties)", "priority": "prio=-position"}.get(
-        job.policy, ""
-    )
+        capacity = f"{o.capacity_blocks:,} ({o.capacity_blocks / trace.num_distinct:.0%})"
+    label = f"{o.policy} exact" if run.eviction_samples >= o.capacity_blocks else o.policy
     return [
         capacity,
-        kind,
-        f"{result.block_hits / result.blocks:.2%}",
-        f"{result.hit_tokens:,}",
-        f"{result.hit_tokens / result.input_tokens:.2%}",
-        f"{result.evictions:,}",
-        f"{result.seconds:.1f}",
-        note,
+        label if o.policy != sim.OPTIMAL else "opt",
+        f"{o.hit_ratio:.2%}",
+        f"{o.block_hits / ceiling.block_hits:.0%}" if ceiling.block_hits else "-",
+        f"{o.hit_tokens:,}",
+        f"{o.token_ratio:.2%}",
+        f"{o.evictions:,}",
+        f"{o.seconds:.1f}",
     ]
 
 
-def approximation_notes(results: list[ReplayResult]) -> list[str]:
+def exact_lru_notes(runs: list[sim.Run], outcomes: list[sim.Outcome]) -> list[str]:
+    lru = {
+        (r.capacity_blocks, r.eviction_samples >= r.capacity_blocks): o
+        for r, o in zip(runs, outcomes, strict=True)
+        if r.policy == "lru"
+    }
     notes = []
-    for capacity in sorted({r.job.capacity for r in results if r.job.capacity}):
-        group = {r.job.label: r for r in results if r.job.capacity == capacity}
-        sampled, exact = (
-            group.get("lru"),
-            group.get("lru exact") or group.get("lru exact (python reference)"),
-        )
-        if sampled is None or exact is None:
-            continue
-        rate_s, rate_e = sampled.block_hits / sampled.blocks, exact.block_hits / exact.blocks
-        notes.append(
-            f"capacity {capacity:,}: sampled lru {rate_s:.2%} vs exact {rate_e:.2%} block hits "
-            f"({(rate_s - rate_e) * 100:+.2f} points, "
-            f"{sampled.hit_tokens / exact.hit_tokens - 1:+.1%} prefix-hit tokens)"
-        )
-        reference = group.get("lru exact (python reference)")
-        if "lru exact" in group and reference is not None:
-            same = (group["lru exact"].block_hits, group["lru exact"].evictions) == (
-                reference.block_hits,
-                reference.evictions,
-            )
+    for (capacity, exact), o in lru.items():
+        sampled = lru.get((capacity, False))
+        if exact and sampled is not None:
             notes.append(
-                f"capacity {capacity:,}: pool exact lru "
-                f"{'matches' if same else 'DIFFERS FROM'} the python reference"
+                f"capacity {capacity:,}: sampled lru {sampled.hit_ratio:.2%} vs exact "
+                f"{o.hit_ratio:.2%} block hits "
+                f"({(sampled.hit_ratio - o.hit_ratio) * 100:+.2f} points)"
             )
     return notes
 

@@ -36,6 +36,7 @@ COMMANDS = [
     "evict",
     "destroy",
     "policies",
+    "simulate",
 ]
 
 

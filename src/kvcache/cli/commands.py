@@ -31,6 +31,7 @@ from ..reports import PoolStats
 from ..snapshot import files
 from ..units import format_size
 from .output import Output
+from .simulating import simulate
 
 
 class Unhealthy(Exception):
@@ -482,6 +483,7 @@ COMMANDS = {
     "destroy": destroy,
     "delete": destroy,
     "policies": policies,
+    "simulate": simulate,
 }
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -60,17 +61,20 @@ class Output:
             print(json.dumps(doc, indent=2, sort_keys=True, default=str))
 
     @contextmanager
-    def progress(self, description: str) -> Iterator[ProgressCallback | None]:
-        """A progress bar on a terminal (a callback taking done/total bytes); None otherwise."""
+    def progress(
+        self, description: str, counting: bool = False
+    ) -> Iterator[ProgressCallback | None]:
+        """A progress bar on a terminal (a callback taking done/total bytes, or items when
+        ``counting``); None otherwise."""
         if not self.interactive:
             yield None
             return
-        columns = (
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
+        amounts = (
+            (MofNCompleteColumn(),)
+            if counting
+            else (DownloadColumn(binary_units=True), TransferSpeedColumn())
         )
+        columns = (BarColumn(), *amounts, TimeRemainingColumn())
         with Progress(*columns, console=self.console, transient=True) as bar:
             task = bar.add_task(description, total=None)
 

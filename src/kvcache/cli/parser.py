@@ -10,6 +10,8 @@ from .. import __version__
 from ..folders import TIERS
 from ..policies import POLICIES
 from ..pool import ENTRY_SORTS
+from ..simulate import DEFAULT_CAPACITIES, DEFAULT_PREFILL_TOKENS_PER_S
+from ..simulate.traces import MOONCAKE_BLOCK_TOKENS
 
 VERSION = f"kvcache {__version__}"
 """What ``cortex --version`` and ``cortex cache --version`` print."""
@@ -249,6 +251,54 @@ def build(prog: str) -> argparse.ArgumentParser:
     _json(p)
 
     p = _command(sub, "policies", "the eviction policies and when to use each", f"{e} policies")
+    _json(p)
+
+    p = _command(
+        sub,
+        "simulate",
+        "replay a request trace per policy and pool size: which policy, how big a pool",
+        f"{e} simulate trace.jsonl --capacity 1%,5%,10% --policy all --plot hits.png",
+    )
+    p.add_argument("trace", help="a Mooncake JSONL trace (one request per line with hash_ids)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--capacity",
+        help="pool capacities: shares of the trace's distinct blocks or block counts "
+        f"(default {','.join(DEFAULT_CAPACITIES)})",
+    )
+    size.add_argument(
+        "--size", help="pool sizes, e.g. 16G,64G (blocks of --block-tokens x --kv-bytes-per-token)"
+    )
+    p.add_argument(
+        "--kv-bytes-per-token",
+        default="128K",
+        help="with --size: the model's KV bytes per token (default 128K: Llama-3-8B in fp16)",
+    )
+    p.add_argument(
+        "--block-tokens",
+        type=_positive_number,
+        default=MOONCAKE_BLOCK_TOKENS,
+        help=f"tokens per trace block (default {MOONCAKE_BLOCK_TOKENS}, Mooncake's)",
+    )
+    p.add_argument(
+        "--policy", default="all", help=f"policies, comma-separated: {', '.join(POLICIES)} or all"
+    )
+    p.add_argument(
+        "--prefill-rate",
+        type=_positive_number,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        metavar="TOKENS_PER_S",
+        help="prefill speed the saved time is reckoned at "
+        f"(default {DEFAULT_PREFILL_TOKENS_PER_S})",
+    )
+    p.add_argument(
+        "--samples", type=_positive_number, default=64, help="eviction samples (default 64)"
+    )
+    p.add_argument("--requests", type=_positive_number, help="only the first N requests")
+    p.add_argument(
+        "--jobs", type=_positive_number, help="replays run at once (default: one per CPU)"
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="draw hit ratio against capacity")
     _json(p)
     return root
 

@@ -1,0 +1,143 @@
+"""``cortex cache simulate``: replay a trace per policy and capacity, with OPT as the ceiling."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import simulate as sim
+from ..errors import DependencyError, InvalidArgument
+from ..units import format_size, parse_size
+from .output import Output
+
+NEEDS_MATPLOTLIB = "--plot needs matplotlib: pip install 'kvcache[plot]'"
+
+
+def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    plotter = _pyplot(args.plot) if args.plot else None  # before minutes of replay, not after
+    trace = sim.read_trace(args.trace, args.block_tokens)
+    if args.requests:
+        trace = trace.head(args.requests)
+    block_bytes = args.block_tokens * parse_size(args.kv_bytes_per_token, what="KV bytes per token")
+    capacities = sim.capacities_in_blocks(
+        trace,
+        _listed(args.capacity) if args.capacity else () if args.size else sim.DEFAULT_CAPACITIES,
+        _listed(args.size) if args.size else (),
+        block_bytes,
+    )
+    runs = sim.runs_for(sim.policies_named(_listed(args.policy)), capacities, args.samples)
+    out.line(
+        f"trace {trace.name}: {trace.num_requests:,} requests, {trace.num_reads:,} block reads, "
+        f"{trace.num_distinct:,} distinct blocks of {trace.block_tokens} tokens; "
+        f"{len(runs)} replays"
+    )
+    with out.progress("replaying", counting=True) as progress:
+        outcomes = sim.execute(trace, runs, args.jobs, progress)
+    out.table(
+        (
+            "CAPACITY",
+            "POLICY",
+            "BLOCK HITS",
+            "OF OPT",
+            "PREFIX-HIT TOKENS",
+            "PREFILL SAVED",
+            "EVICTIONS",
+        ),
+        _rows(outcomes, trace, block_bytes, args.prefill_rate),
+        right=("BLOCK HITS", "OF OPT", "PREFIX-HIT TOKENS", "PREFILL SAVED", "EVICTIONS"),
+    )
+    out.line(
+        f"prefill saved is reckoned at {args.prefill_rate:,} tokens/s (--prefill-rate); "
+        "opt is Belady's offline optimum, the most any policy could reuse"
+    )
+    if plotter is not None:
+        _plot(plotter, outcomes, trace, args.plot)
+        out.line(f"plot written to {args.plot}")
+    return {
+        "trace": {
+            "name": trace.name,
+            "requests": trace.num_requests,
+            "block_reads": trace.num_reads,
+            "distinct_blocks": trace.num_distinct,
+            "block_tokens": trace.block_tokens,
+        },
+        "block_bytes": block_bytes,
+        "prefill_tokens_per_s": args.prefill_rate,
+        "results": [
+            {**o.as_dict(), "saved_seconds": o.saved_seconds(args.prefill_rate)} for o in outcomes
+        ],
+    }
+
+
+def _listed(text: str) -> list[str]:
+    return [part for part in text.split(",") if part.strip()]
+
+
+def _rows(
+    outcomes: Sequence[sim.Outcome], trace: sim.Trace, block_bytes: int, rate: int
+) -> list[tuple[object, ...]]:
+    best = {o.capacity_blocks: o for o in outcomes if o.policy == sim.OPTIMAL}
+    rows: list[tuple[object, ...]] = []
+    for o in outcomes:
+        ceiling = best[o.capacity_blocks].block_hits
+        capacity = (
+            f"{o.capacity_blocks:,} blocks ({o.capacity_blocks / trace.num_distinct:.1%}, "
+            f"{format_size(o.capacity_blocks * block_bytes)})"
+        )
+        rows.append(
+            (
+                capacity if o.policy == sim.OPTIMAL else "",
+                o.policy,
+                f"{o.hit_ratio:.2%}",
+                f"{o.block_hits / ceiling:.0%}" if ceiling else "-",
+                f"{o.hit_tokens:,} ({o.token_ratio:.1%})",
+                f"{o.saved_seconds(rate):,.0f} s",
+                f"{o.evictions:,}",
+            )
+        )
+    return rows
+
+
+def _pyplot(path: str) -> object:
+    """matplotlib's pyplot, once it is known that it can write ``path``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # a file, never a window
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        raise DependencyError(NEEDS_MATPLOTLIB) from None
+    kinds = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    kind = Path(path).suffix.lstrip(".").lower()
+    if kind not in kinds:
+        raise InvalidArgument(
+            f"--plot {path}: name a file ending in one of .{', .'.join(sorted(kinds))}"
+        )
+    if not Path(path).absolute().parent.is_dir():
+        raise InvalidArgument(f"--plot {path}: its folder does not exist")
+    return plt
+
+
+def _plot(plt: object, outcomes: Sequence[sim.Outcome], trace: sim.Trace, path: str) -> None:
+    figure, axes = plt.subplots(figsize=(7, 4.5))  # type: ignore[attr-defined]
+    for policy in dict.fromkeys(o.policy for o in outcomes):
+        points = sorted(
+            (o.capacity_blocks / trace.num_distinct * 100, o.hit_ratio * 100)
+            for o in outcomes
+            if o.policy == policy
+        )
+        style = {"linestyle": "--", "color": "black"} if policy == sim.OPTIMAL else {}
+        axes.plot(*zip(*points, strict=True), marker="o", label=policy, **style)
+    axes.set_xlabel("capacity (% of the trace's distinct blocks)")
+    axes.set_ylabel("block hit ratio (%)")
+    axes.set_title(f"{trace.name}: {trace.num_requests:,} requests")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    try:
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write the plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(figure)  # type: ignore[attr-defined]

@@ -1,0 +1,75 @@
+"""Replay a trace through the real engine: a scratch pool with the policy under test.
+
+The pool is built under a hidden name in ``/dev/shm`` and never published, so
+a simulation cannot touch (or even be listed beside) a live pool, and a
+simulation killed midway leaves a file the next ``create`` removes as
+abandoned. Each block is one entry filling one 1 KiB page (an 8-byte key and a
+1016-byte value), so the pool holds exactly ``capacity_blocks`` blocks
+whatever bytes the model's KV really takes: what a policy keeps depends on
+the count of equal blocks, not their size.
+
+A request reads its blocks in order until the first miss (``get_into``: the
+cached leading run is what a prefix cache reuses), then stores every block
+from there on, as ``PrefixCache.store`` does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..config import PoolConfig
+from ..lifecycle import create_from_config, discard
+from .outcome import Outcome, tally
+from .traces import Trace
+
+PAGE_BYTES = 1024
+KEY_BYTES = 8
+VALUE_BYTES = PAGE_BYTES - KEY_BYTES
+
+
+def replay_pool(
+    trace: Trace, policy: str, capacity_blocks: int, eviction_samples: int = 64
+) -> Outcome:
+    """Replay ``trace`` through a scratch pool of ``capacity_blocks`` blocks under ``policy``.
+
+    ``priority`` pools get ``priority=-position`` (a block deeper in a prompt
+    is shared by fewer prompts); other policies get no per-put arguments.
+    """
+    config = PoolConfig.build(
+        capacity_blocks * PAGE_BYTES,
+        policy=policy,
+        page_size=PAGE_BYTES,
+        eviction_samples=eviction_samples,
+    )
+    pool = create_from_config("simulate", config, rng=np.random.default_rng(0), hidden=True)
+    try:
+        started = time.perf_counter()
+        reused, evictions = _replay(pool, trace, by_position=policy == "priority")
+        seconds = time.perf_counter() - started
+    finally:
+        pool.close()
+        discard(pool)
+    return tally(trace, policy, capacity_blocks, reused, evictions, seconds)
+
+
+def _replay(pool: object, trace: Trace, by_position: bool) -> tuple[np.ndarray, int]:
+    keys = trace.blocks.astype("<u8").tobytes()
+    starts = trace.starts.tolist()
+    value, buffer = bytes(VALUE_BYTES), bytearray(VALUE_BYTES)
+    get_into, put = pool.get_into, pool.put  # type: ignore[attr-defined]
+    reused = np.zeros(trace.num_requests, dtype=np.int64)
+    for request in range(trace.num_requests):
+        first, end = starts[request], starts[request + 1]
+        read = first
+        while read < end and get_into(keys[read * KEY_BYTES : (read + 1) * KEY_BYTES], buffer):
+            read += 1
+        reused[request] = read - first
+        for position in range(read, end):
+            key = keys[position * KEY_BYTES : (position + 1) * KEY_BYTES]
+            if by_position:
+                put(key, value, priority=first - position)
+            else:
+                put(key, value)
+    return reused, pool.stats().evictions  # type: ignore[attr-defined]

@@ -1,0 +1,144 @@
+"""Request traces to replay: the Mooncake JSONL format, read into flat arrays.
+
+One JSON object per line (blank lines are skipped)::
+
+    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 2353]}
+
+``hash_ids`` are the prompt's KV blocks in order (one per ``block_tokens``
+tokens, 512 in Mooncake's traces); an id names the whole prefix up to the end
+of its block, as a chained prefix key does. ``input_length`` (default: the
+blocks' tokens) and ``timestamp`` (milliseconds, default 0) are optional;
+other fields are ignored.
+
+A trace of millions of block reads is kept as numpy arrays, not Python
+objects: ``blocks`` holds every request's ids end to end and ``starts`` where
+each request begins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidArgument
+
+MOONCAKE_BLOCK_TOKENS = 512
+MAX_BLOCK_ID = (1 << 64) - 1
+
+
+class TraceError(InvalidArgument):
+    """A trace file that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests in arrival order; request ``i`` reads ``blocks[starts[i]:starts[i + 1]]``."""
+
+    name: str
+    blocks: np.ndarray  # uint64 block ids, all requests end to end
+    starts: np.ndarray  # int64, num_requests + 1 offsets into blocks
+    input_tokens: np.ndarray  # int64 prompt length per request
+    timestamps_ms: np.ndarray  # float64 arrival time per request
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.starts.size - 1)
+
+    @property
+    def num_reads(self) -> int:
+        return int(self.blocks.size)
+
+    @cached_property
+    def num_distinct(self) -> int:
+        return int(np.unique(self.blocks).size)
+
+    def request(self, i: int) -> np.ndarray:
+        """Request ``i``'s block ids, in prompt order."""
+        return self.blocks[self.starts[i] : self.starts[i + 1]]
+
+    def head(self, num_requests: int) -> Trace:
+        """The first ``num_requests`` requests."""
+        n = min(num_requests, self.num_requests)
+        return Trace(
+            self.name,
+            self.blocks[: self.starts[n]],
+            self.starts[: n + 1],
+            self.input_tokens[:n],
+            self.timestamps_ms[:n],
+            self.block_tokens,
+        )
+
+
+def read_trace(path: str | os.PathLike[str], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+    """Read a Mooncake JSONL trace.
+
+    Raises:
+        TraceError: no such file, a line that is not a request, or no requests.
+    """
+    path = Path(path)
+    blocks: list[int] = []
+    starts = [0]
+    input_tokens: list[int] = []
+    timestamps: list[float] = []
+    try:
+        lines = path.open("rb")
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    with lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            ids, tokens, timestamp = _parse_request(line, f"{path} line {number}", block_tokens)
+            blocks += ids
+            starts.append(len(blocks))
+            input_tokens.append(tokens)
+            timestamps.append(timestamp)
+    if not input_tokens:
+        raise TraceError(
+            f"{path} holds no requests: a trace has one JSON object per line with 'hash_ids'"
+        )
+    return Trace(
+        path.name,
+        np.array(blocks, dtype=np.uint64),
+        np.array(starts, dtype=np.int64),
+        np.array(input_tokens, dtype=np.int64),
+        np.array(timestamps, dtype=np.float64),
+        block_tokens,
+    )
+
+
+def _parse_request(line: bytes, where: str, block_tokens: int) -> tuple[list[int], int, float]:
+    try:
+        record = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise TraceError(
+            f"{where}: not JSON; a trace has one JSON object per line (Mooncake format)"
+        ) from None
+    if not isinstance(record, dict):
+        raise TraceError(f"{where}: not a JSON object with 'hash_ids'")
+    ids = record.get("hash_ids")
+    if ids is None:
+        raise TraceError(f"{where}: missing field 'hash_ids' (the prompt's block ids)")
+    if not isinstance(ids, list) or not all(_is_block_id(i) for i in ids):
+        raise TraceError(f"{where}: 'hash_ids' must be a list of whole numbers 0 to 2**64-1")
+    tokens = record.get("input_length", len(ids) * block_tokens)
+    if not _is_count(tokens):
+        raise TraceError(f"{where}: 'input_length' must be a whole number of tokens, 0 or more")
+    timestamp = record.get("timestamp", 0)
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
+        raise TraceError(f"{where}: 'timestamp' must be a number of milliseconds")
+    return ids, tokens, float(timestamp)
+
+
+def _is_block_id(value: object) -> bool:
+    return _is_count(value) and value <= MAX_BLOCK_ID  # type: ignore[operator]
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
