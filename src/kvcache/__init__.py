@@ -28,11 +28,13 @@ parts, bottom up (each module opens with its own overview):
 - ``stored``    whole entries as they move: ``EntryRef``, ``StoredEntry``
 - ``tiers``     chains of pools: spill evicted entries down, promote hits below
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
+- ``remote``    a Redis / Valkey server or Cluster as a chain's last tier, shared by hosts
 - ``lifecycle`` create/open/destroy/list by name; retiring a pool others have open
 - ``mapping``   ``Pool`` as a dict: pop, clear, touch, ttl, views others may change
 - ``snapshot``  persist to a file and restore: format, atomic writes, checks
 - ``prefix``    token prefixes: ``PrefixCache`` stores/finds a prompt's KV by chunks
 - ``integrations`` Hugging Face transformers (``kvcache.integrations.transformers``)
+- ``simulate``  capacity planning: a trace replayed per policy and size, beside OPT
 - ``cli``       ``cortex cache ...`` over the public API
 
 Typical use::
