@@ -74,6 +74,7 @@ class RemoteLink:
         self.problem: str | None = None  # why it is down, for status
         self._queue: deque[_Put | _Delete] = deque()
         self._pending_bytes = 0
+        self._unsent = 0  # items queued or in the writer's hands, not yet sent or dropped
         self._wake = threading.Condition()
         self._writer: threading.Thread | None = None
         self._closed = False
@@ -233,6 +234,7 @@ class RemoteLink:
         with self._wake:
             self._queue.append(item)
             self._pending_bytes += num_bytes
+            self._unsent += 1
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(
                     target=self._write_forever, name="kvcache-remote-writer", daemon=True
@@ -244,7 +246,7 @@ class RemoteLink:
         """Wait until everything queued was sent (or dropped); whether it was, in time."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
-            while self._queue or self._pending_bytes:
+            while self._unsent:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -267,6 +269,7 @@ class RemoteLink:
             sent = self.call(lambda client, b=batch: _send(client, b), None)  # type: ignore[misc]
             with self._wake:
                 self._pending_bytes -= size
+                self._unsent -= len(batch)
                 self._wake.notify_all()
             if sent is None:
                 self._count({"dropped": sum(isinstance(i, _Put) for i in batch)})

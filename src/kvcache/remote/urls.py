@@ -95,7 +95,10 @@ def check_url(url: str) -> str:
     """Refuse a URL kvcache cannot use, or one with a password in it."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS:
         raise InvalidArgument(f"remote URL must be 1 to {MAX_URL_CHARS} characters: {url!r}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidArgument(f"remote URL {url!r} does not parse ({exc})") from None
     if parts.scheme not in _SCHEMES:
         raise InvalidArgument(
             f"remote URL {url!r} is not one of redis://, rediss://, unix://, "
@@ -107,8 +110,10 @@ def check_url(url: str) -> str:
             f"${PASSWORD_ENV} or in a file given with --password-file"
         )
     if parts.scheme == "unix":
-        if not parts.path.startswith("/"):
-            raise InvalidArgument(f"remote URL {url!r} needs an absolute socket path")
+        if parts.netloc or not parts.path.startswith("/"):
+            raise InvalidArgument(
+                f"remote URL {url!r} needs an absolute socket path: unix:///path/to/redis.sock"
+            )
     else:
         _nodes(url)  # every host:port must parse
     return url
