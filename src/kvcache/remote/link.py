@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from ..errors import KVCacheError
 from . import records
-from .urls import RemoteSpec, connect
+from .urls import RemoteSpec, connect, failures
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -111,14 +111,16 @@ class RemoteLink:
             if self._client is not None:
                 return self._client
         try:
-            client = connect(self.spec)
+            errors = failures()
+            client = connect(self.spec)  # a Cluster client asks its nodes for the slot map
         except KVCacheError as exc:  # redis-py missing, the password file unreadable
             self._fail(exc)
             return None
-        import redis  # present: connect imported it
-
+        except errors as exc:
+            self._fail(exc)
+            return None
         with self._guard:
-            self._errors = (redis.RedisError, OSError, ValueError)
+            self._errors = errors
             if self._client is None:
                 self._client = client
             return self._client
@@ -165,11 +167,15 @@ class RemoteLink:
             split = [(i, n) for i, n in split if n > 1]
             found: list[list[bytes | None]] = [[head] for head in heads]
             if split:
+                # GETs, not MGET: a Cluster pipeline refuses MGET. Parts read apart may mix
+                # two writers' values; the checksum over all parts then makes it a miss.
                 pipe = client.pipeline(transaction=False)
                 for i, n in split:
-                    pipe.mget(records.part_names(names[i], n))
-                for (i, _), rest in zip(split, pipe.execute(), strict=True):
-                    found[i].extend(rest)
+                    for part in records.part_names(names[i], n):
+                        pipe.get(part)
+                rest = iter(pipe.execute())
+                for i, n in split:
+                    found[i].extend(next(rest) for _ in range(n - 1))
             return found
 
         found = self.call(read, None)

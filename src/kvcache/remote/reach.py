@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import InvalidArgument, RemoteError
 from ..units import parse_duration
-from .urls import DEFAULT_TIMEOUT_S, PASSWORD_ENV, RemoteSpec, connect
+from .urls import DEFAULT_TIMEOUT_S, PASSWORD_ENV, RemoteSpec, connect, failures
 
 
 def remote_spec(
@@ -50,10 +50,12 @@ def check_reachable(spec: RemoteSpec) -> None:
         RemoteError: it cannot be reached in time, or refuses the credentials.
         DependencyError: redis-py is not installed.
     """
-    client: Any = connect(spec)
-    import redis  # connect succeeded: redis-py is there
+    errors = failures()
+    import redis  # failures() found it
 
+    client: Any = None
     try:
+        client = connect(spec)
         client.ping()
     except redis.AuthenticationError as exc:
         raise RemoteError(_refused(spec, exc)) from None
@@ -61,13 +63,14 @@ def check_reachable(spec: RemoteSpec) -> None:
         if "auth" in str(exc).lower() or "WRONGPASS" in str(exc):
             raise RemoteError(_refused(spec, exc)) from None
         raise RemoteError(f"remote {spec.url} answered an error: {exc}") from None
-    except (redis.RedisError, OSError) as exc:
+    except errors as exc:
         raise RemoteError(
             f"cannot reach remote {spec.url} within {spec.timeout_s:g} s ({exc}): "
             "check the URL and that the server runs (or raise --remote-timeout)"
         ) from None
     finally:
-        client.close()
+        if client is not None:
+            client.close()
 
 
 def _refused(spec: RemoteSpec, exc: Exception) -> str:

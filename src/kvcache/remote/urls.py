@@ -146,24 +146,39 @@ def _nodes(url: str) -> list[tuple[str, int]]:
     return nodes
 
 
-def connect(spec: RemoteSpec) -> Any:
-    """A redis-py client for ``spec`` (no network traffic until first used).
-
-    Every call is bounded by ``spec.timeout_s`` and made once (no retries
-    inside redis-py): the tier's own backoff decides when to try again.
+def failures() -> tuple[type[BaseException], ...]:
+    """What redis-py raises when the remote fails (a miss, never the caller's error).
 
     Raises:
         DependencyError: redis-py is not installed.
     """
     try:
         import redis
-        from redis.backoff import NoBackoff
-        from redis.cluster import ClusterNode, RedisCluster
-        from redis.retry import Retry
+        from redis.exceptions import RedisClusterException
     except ImportError:
         raise DependencyError(
             "the remote tier needs redis-py: pip install 'kvcache[redis]'"
         ) from None
+    # RedisClusterException (no node for a slot, no node answers) is not a RedisError
+    return (redis.RedisError, RedisClusterException, OSError, ValueError)
+
+
+def connect(spec: RemoteSpec) -> Any:
+    """A redis-py client for ``spec`` (a Cluster client asks a node for the slot map).
+
+    Every call is bounded by ``spec.timeout_s`` and made once (no retries
+    inside redis-py): the tier's own backoff decides when to try again.
+
+    Raises:
+        DependencyError: redis-py is not installed.
+        one of :func:`failures`: a Cluster that does not answer.
+    """
+    failures()  # redis-py is there
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.retry import Retry
+
     parts = urlsplit(spec.url)
     scheme, _ = _SCHEMES[parts.scheme]
     options: dict[str, Any] = {
@@ -179,7 +194,6 @@ def connect(spec: RemoteSpec) -> Any:
         return RedisCluster(
             startup_nodes=nodes,
             ssl=scheme == "rediss",
-            cluster_error_retry_attempts=0,
             **options,
         )
     url = spec.url if scheme == parts.scheme else f"{scheme}{spec.url[len(parts.scheme) :]}"
