@@ -226,6 +226,7 @@ def test_every_command_has_help_with_an_example(command):
 
 
 REPO = Path(__file__).resolve().parent.parent
+SIMULATE_TRACE = REPO / "tests" / "data" / "mooncake-head-400.jsonl"
 DOCUMENTED_SESSION = [
     "create {name} --size 8M --tier cpu",
     "list",
@@ -238,6 +239,7 @@ DOCUMENTED_SESSION = [
     "restore {name}",
     "delete {name} --yes",
     "policies",
+    "simulate {trace} --capacity 5% --policy lru",
 ]
 """One run of every command the README's command table documents, aliases included."""
 
@@ -259,7 +261,7 @@ def test_bug_every_documented_command_and_alias_runs(names, home):
     """``delete``, documented as destroy's alias, was rejected as an invalid choice."""
     name = names()
     for line in DOCUMENTED_SESSION:
-        result = cortex(*line.format(name=name).split(), "--json")
+        result = cortex(*line.format(name=name, trace=SIMULATE_TRACE).split(), "--json")
         assert result.returncode == 0, (line, result.stderr)
         json.loads(result.stdout)
     assert name not in kvcache.list_pools()  # "delete" removed it

@@ -19,7 +19,7 @@ import pytest
 
 import kvcache
 from kvcache import registry, segment
-from kvcache.layout import HEADER_BYTES, Geometry, H
+from kvcache.layout import ENTRY_WORDS, HEADER_BYTES, E, Geometry, H
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a filesystem needs root")
 
@@ -489,6 +489,25 @@ def test_a_flipped_byte_in_a_large_value_on_disk_is_a_miss_and_counted(disk, nam
             assert pool.get_into("big", bytearray(400_000)) is None
         else:
             assert pool.get("big") is None
+        assert pool.stats().damaged == 1
+        assert "big" not in pool
+        assert pool.get("filler1") == b"f" * 100_000
+
+
+@pytest.mark.parametrize("elements", [100, 50_000], ids=["inline", "from-file"])
+def test_a_damaged_array_header_on_disk_is_a_miss_not_an_error(disk, names, elements):
+    """CI found it: a copy of a disk pool taken while writers ran held an entry whose
+    array header no longer decoded; the read raised CorruptPoolError instead of a miss."""
+    with _fragmented_pool(disk, names) as pool:
+        pool.put("big", np.arange(elements, dtype=np.float64))
+        eid = pool._find(b"big")
+        first_page, key_len = (
+            pool._eq[eid * ENTRY_WORDS + field] for field in (E.first_page, E.key_len)
+        )
+        spot = pool._data_offset + first_page * pool._page_size + key_len + 2
+        fd = pool._segment.fd
+        os.pwrite(fd, b"\xe7", spot)  # the dtype text's first byte: no longer ASCII
+        assert pool.get("big") is None
         assert pool.stats().damaged == 1
         assert "big" not in pool
         assert pool.get("filler1") == b"f" * 100_000

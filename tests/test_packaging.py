@@ -25,6 +25,7 @@ EXTRAS_ONLY = {
     "kvcache.__main__": "runs the command line on import",
     "kvcache.cli.commands": "rich",
     "kvcache.cli.output": "rich",
+    "kvcache.cli.simulating": "rich",
     "kvcache.integrations.transformers": "torch, transformers",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""

@@ -634,13 +634,18 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
                     if inline:
                         if self._on_disk:
                             self._read_ahead(eid)
-                        copied = copy(header, payload)
-                        if checked is not None and not checked.intact(payload.landed):
+                        if checked is None:
+                            return copy(header, payload)
+                        copied = _copy_verified(copy, header, payload, checked)
+                        if copied is _DAMAGED:
                             self._drop_damaged(eid)
                             return None
                         return copied
-                copied = copy(header, payload)
-                intact = checked is None or checked.intact(payload.landed)
+                if checked is None:
+                    copied, intact = copy(header, payload), True
+                else:
+                    copied = _copy_verified(copy, header, payload, checked)
+                    intact = copied is not _DAMAGED
                 with self._lock:
                     if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                         if intact:
@@ -1089,3 +1094,27 @@ def _close_disk_pools_at_exit() -> None:
 
 
 atexit.register(_close_disk_pools_at_exit)
+
+
+_DAMAGED = object()
+"""What ``_copy_verified`` returns for a damaged value."""
+
+
+def _copy_verified(
+    copy: Callable[[bytes, transfer.Payload], Copied],
+    header: bytes,
+    payload: transfer.Payload,
+    checked: _Summed,
+) -> Copied | object:
+    """``copy`` the value out; ``_DAMAGED`` if ``checked`` finds its bytes damaged.
+
+    A verified pool (``verify_reads``, every disk pool) treats a codec header
+    that cannot be decoded as damage too, found before the sum could be: a
+    miss, never an error (a disk pool copied while writers ran has such
+    headers in pages whose writes never landed).
+    """
+    try:
+        copied = copy(header, payload)
+    except CorruptPoolError:
+        return _DAMAGED
+    return copied if checked.intact(payload.landed) else _DAMAGED

@@ -264,7 +264,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     size.add_argument(
         "--capacity",
         help="pool capacities: shares of the trace's distinct blocks or block counts "
-        f"(default {','.join(DEFAULT_CAPACITIES)})",
+        f"(default {','.join(DEFAULT_CAPACITIES)})".replace("%", "%%"),  # argparse %-formats help
     )
     size.add_argument(
         "--size", help="pool sizes, e.g. 16G,64G (blocks of --block-tokens x --kv-bytes-per-token)"
