@@ -71,30 +71,30 @@ class RemoteMixin:
         The keys missing locally are asked about in one pipelined round trip to
         the remote, not one each (``PrefixCache.lookup``).
         """
-        local = 0
-        while local < len(keys) and self.in_local_tiers(keys[local]):
-            local += 1
-        if self._remote is None or local == len(keys):
-            return local
-        found = self._remote.exists([encode_key(key)[0] for key in keys[local:]])
-        return local + next((i for i, there in enumerate(found) if not there), len(found))
+        missing = self._missing_locally(keys)
+        if self._remote is None or not missing:
+            return missing[0] if missing else len(keys)
+        found = self._remote.exists([encode_key(keys[i])[0] for i in missing])
+        return next((i for i, there in zip(missing, found, strict=True) if not there), len(keys))
 
     def prefetch(self, keys: Sequence[Key]) -> int:
         """Fetch the entries of ``keys`` missing locally from the remote, in one pipelined
-        round trip, and promote them here, stopping at the first one it lacks; return how
-        many came (``PrefixCache.retrieve`` then reads them all locally)."""
+        round trip, and promote them here, stopping at the first one neither has; return
+        how many came (``PrefixCache.retrieve`` then reads them all locally)."""
         if self._remote is None:
             return 0
-        first = 0
-        while first < len(keys) and self.in_local_tiers(keys[first]):
-            first += 1
-        fetched = self._remote.fetch([encode_key(key)[0] for key in keys[first:]])
+        missing = self._missing_locally(keys)
+        fetched = self._remote.fetch([encode_key(keys[i])[0] for i in missing])
         promoted = 0
         for decoded in fetched:
             if decoded is None or not self._promote_remote(decoded):
                 break
             promoted += 1
         return promoted
+
+    def _missing_locally(self, keys: Sequence[Key]) -> list[int]:
+        """Positions of the keys no local tier holds (the remote's part of a prefix)."""
+        return [i for i, key in enumerate(keys) if not self.in_local_tiers(key)]
 
     # ------------------------------------------------------ for Pool's own calls
 
