@@ -637,15 +637,14 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
                         if checked is None:
                             return copy(header, payload)
                         copied = _copy_verified(copy, header, payload, checked)
-                        if copied is _DAMAGED:
+                        if copied is None:
                             self._drop_damaged(eid)
-                            return None
                         return copied
                 if checked is None:
                     copied, intact = copy(header, payload), True
                 else:
                     copied = _copy_verified(copy, header, payload, checked)
-                    intact = copied is not _DAMAGED
+                    intact = copied is not None
                 with self._lock:
                     if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
                         if intact:
@@ -1096,17 +1095,13 @@ def _close_disk_pools_at_exit() -> None:
 atexit.register(_close_disk_pools_at_exit)
 
 
-_DAMAGED = object()
-"""What ``_copy_verified`` returns for a damaged value."""
-
-
 def _copy_verified(
     copy: Callable[[bytes, transfer.Payload], Copied],
     header: bytes,
     payload: transfer.Payload,
     checked: _Summed,
-) -> Copied | object:
-    """``copy`` the value out; ``_DAMAGED`` if ``checked`` finds its bytes damaged.
+) -> Copied | None:
+    """``copy`` the value out; None if ``checked`` finds its bytes damaged.
 
     A verified pool (``verify_reads``, every disk pool) treats a codec header
     that cannot be decoded as damage too, found before the sum could be: a
@@ -1116,5 +1111,5 @@ def _copy_verified(
     try:
         copied = copy(header, payload)
     except CorruptPoolError:
-        return _DAMAGED
-    return copied if checked.intact(payload.landed) else _DAMAGED
+        return None
+    return copied if checked.intact(payload.landed) else None
