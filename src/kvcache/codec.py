@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import CorruptPoolError, InvalidArgument, ValueTooLargeError
+from .errors import DamagedValueError, InvalidArgument, ValueTooLargeError
 from .units import format_size
 
 _ARRAY_KINDS = "biufc"
@@ -100,7 +100,7 @@ def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
     """An empty array as described by ``header``, after checking it fits the payload.
 
     Raises:
-        CorruptPoolError: the header is malformed or disagrees with the payload.
+        DamagedValueError: the header is malformed or disagrees with the payload.
     """
     try:
         ndim, dtype_len = _PREFIX.unpack_from(header)
@@ -108,7 +108,7 @@ def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
         shape = struct.unpack_from(f"<{ndim}q", header, 2 + dtype_len)
     except (struct.error, UnicodeDecodeError, TypeError, ValueError, SyntaxError) as exc:
         # SyntaxError: numpy parses dtype strings such as "," with the ast module
-        raise CorruptPoolError(f"stored array header is damaged ({exc})") from exc
+        raise DamagedValueError(f"stored array header is damaged ({exc})") from exc
     if (
         dtype.kind not in _ARRAY_KINDS
         or ndim > MAX_NDIM
@@ -116,11 +116,11 @@ def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
         or any(d < 0 for d in shape)
         or math.prod(shape) * dtype.itemsize != payload_bytes  # exact: int64 would wrap around
     ):
-        raise CorruptPoolError("stored array header does not match its payload")
+        raise DamagedValueError("stored array header does not match its payload")
     try:
         return np.empty(shape, dtype)
     except ValueError as exc:  # e.g. shape (0, 2**40, 2**40): no payload, yet too big for numpy
-        raise CorruptPoolError(f"stored array header is damaged ({exc})") from exc
+        raise DamagedValueError(f"stored array header is damaged ({exc})") from exc
 
 
 def byte_view(array: np.ndarray) -> memoryview:

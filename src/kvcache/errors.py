@@ -64,6 +64,11 @@ class CorruptPoolError(KVCacheError):
     """The pool's metadata breaks an invariant that repair could not mend."""
 
 
+class DamagedValueError(CorruptPoolError):
+    """A stored value's own bytes (its array header) do not decode: a verified pool drops
+    the entry and misses, as for any checksum mismatch."""
+
+
 class PoolFullError(KVCacheError):
     """No room could be made: everything left is being written by live processes."""
 

@@ -37,6 +37,7 @@ from .errors import (
     DAMAGE_SIGNS,
     REPAIR_ADVICE,
     CorruptPoolError,
+    DamagedValueError,
     InvalidArgument,
     KVCacheError,
     OutOfSharedMemoryError,
@@ -1106,10 +1107,11 @@ def _copy_verified(
     A verified pool (``verify_reads``, every disk pool) treats a codec header
     that cannot be decoded as damage too, found before the sum could be: a
     miss, never an error (a disk pool copied while writers ran has such
-    headers in pages whose writes never landed).
+    headers in pages whose writes never landed). Damage beyond the value (a
+    truncated file) is still the pool's ``CorruptPoolError``.
     """
     try:
         copied = copy(header, payload)
-    except CorruptPoolError:
+    except DamagedValueError:
         return None
     return copied if checked.intact(payload.landed) else None
