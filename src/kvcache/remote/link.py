@@ -273,14 +273,15 @@ class RemoteLink:
                     batch.append(item)
                     size += item.encoded.num_bytes if isinstance(item, _Put) else 0
             sent = self.call(lambda client, b=batch: _send(client, b), None)  # type: ignore[misc]
-            with self._wake:
-                self._pending_bytes -= size
-                self._unsent -= len(batch)
-                self._wake.notify_all()
+            # counted before flush() may return: a caller that flushed sees its writes counted
             if sent is None:
                 self._count({"dropped": sum(isinstance(i, _Put) for i in batch)})
             else:
                 self._count({"writes": sent, "bytes_out": size})
+            with self._wake:
+                self._pending_bytes -= size
+                self._unsent -= len(batch)
+                self._wake.notify_all()
 
     def close(self) -> None:
         """Send what is queued (for ``EXIT_FLUSH_S`` at most) and stop the writer."""
