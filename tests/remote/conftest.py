@@ -31,6 +31,13 @@ def redis_unix() -> Iterator[Server]:
 
 
 @pytest.fixture
+def redis_tls() -> Iterator[Server]:
+    """A standalone server that speaks only TLS (``.ca_file`` is its self-signed CA)."""
+    with closing(Server(tls=True)) as server:
+        yield server
+
+
+@pytest.fixture
 def redis_password() -> Iterator[Server]:
     """A standalone server that requires ``.password`` (its ``.url`` does not carry it)."""
     with closing(Server(password=random_password())) as server:

@@ -76,6 +76,8 @@ class Server:
         unix_socket: listen only on a unix socket in the server's folder (no TCP port).
         password: require this password (``requirepass``); ``url`` does not carry it.
         cluster_enabled: start as a Cluster node (``Cluster`` joins the nodes).
+        tls: speak only TLS on the port, with a self-signed certificate for 127.0.0.1 made
+            by ``openssl`` (``ca_file``); ``url`` is ``rediss://`` and names that file.
 
     Attributes:
         port: the TCP port (0 for a unix-socket server); ``restart`` keeps it.
@@ -91,8 +93,10 @@ class Server:
         unix_socket: bool = False,
         password: str | None = None,
         cluster_enabled: bool = False,
+        tls: bool = False,
     ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="kvcache-redis-"))
+        self.ca_file = self.folder / "cert.pem" if tls else None
         self.password = password
         # a short folder in the temp dir: a unix socket's path must fit in 108 bytes
         self.socket_path = self.folder / "redis.sock" if unix_socket else None
@@ -103,6 +107,8 @@ class Server:
         self._process: subprocess.Popen[bytes] | None = None
         self._log = self.folder / "redis.log"
         try:
+            if self.ca_file is not None:
+                _self_signed_certificate(self.folder)
             self._start_on_free_port()
         except BaseException:
             self.close()
@@ -110,9 +116,12 @@ class Server:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0``, or ``unix:///path/redis.sock?db=0``."""
+        """``redis://127.0.0.1:PORT/0``, ``unix:///path/redis.sock?db=0``, or with TLS
+        ``rediss://127.0.0.1:PORT/0?ssl_ca_certs=CA_FILE``."""
         if self.socket_path is not None:
             return f"unix://{self.socket_path}?db=0"
+        if self.ca_file is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca_file}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
@@ -155,6 +164,8 @@ class Server:
             where = ["-s", str(self.socket_path)]
         else:
             where = ["-h", "127.0.0.1", "-p", str(self.port)]
+        if self.ca_file is not None:
+            where += ["--tls", "--cacert", str(self.ca_file)]
         env = dict(os.environ)
         if self.password is not None:
             env["REDISCLI_AUTH"] = self.password  # not -a: it would show in ps
@@ -225,9 +236,19 @@ class Server:
         self._wait_until_it_answers()
 
     def _config(self) -> str:
+        port_lines = [f"port {self.port}"]
+        if self.ca_file is not None:
+            port_lines = [
+                "port 0",
+                f"tls-port {self.port}",
+                f'tls-cert-file "{self.ca_file}"',
+                f'tls-key-file "{self.folder / "key.pem"}"',
+                f'tls-ca-cert-file "{self.ca_file}"',
+                "tls-auth-clients no",
+            ]
         lines = [
             "bind 127.0.0.1",
-            f"port {self.port}",
+            *port_lines,
             f'dir "{self.folder}"',
             'save ""',
             "appendonly no",
@@ -268,6 +289,19 @@ class Server:
             f"redis-server for {self.url} {what}; its log ends:\n{self.log_tail()}",
             pytrace=False,
         )
+
+
+def _self_signed_certificate(folder: Path) -> None:
+    """``cert.pem`` and ``key.pem`` in ``folder``: a certificate for 127.0.0.1 that is its
+    own certificate authority (a client trusts it only when told to)."""
+    subprocess.run(
+        [require("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"),
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        capture_output=True,
+        check=True,
+        timeout=START_TIMEOUT_S,
+    )  # fmt: skip
 
 
 class Cluster:

@@ -190,6 +190,27 @@ def test_a_unix_socket_url(names, redis_unix):
             assert b.get("k") == b"v"
 
 
+def test_a_tls_server_trusted_through_the_ca_named_in_the_url(names, redis_tls):
+    with kvcache.create(names(), "4M", remote=redis_tls.url, namespace=NS, write_through=True) as a:
+        a.put("k", b"over TLS")
+        assert a.remote.flush() and a.remote_stats().writes == 1
+        with kvcache.create(names(), "4M", remote=redis_tls.url, namespace=NS) as b:
+            assert b.get("k") == b"over TLS"
+    # what went over the wire was TLS: the server takes no plain connection on its port
+    plain = redis_tls.url.replace("rediss://", "redis://").partition("?")[0]
+    with pytest.raises(RemoteError, match="cannot reach remote"):
+        kvcache.create(names(), "4M", remote=plain, namespace=NS)
+
+
+def test_a_tls_server_with_an_untrusted_certificate_is_a_one_line_error_at_create(names, redis_tls):
+    name = names()
+    untrusted = redis_tls.url.partition("?")[0]  # the system's authorities know no such CA
+    with pytest.raises(RemoteError) as caught:
+        kvcache.create(name, "4M", remote=untrusted, namespace=NS)
+    assert "cannot reach remote" in str(caught.value) and "\n" not in str(caught.value)
+    assert name not in kvcache.list_pools()
+
+
 def test_a_password_from_the_environment(names, redis_password, monkeypatch):
     monkeypatch.setenv(PASSWORD_ENV, redis_password.password)
     with kvcache.create(names(), "4M", remote=redis_password.url, namespace=NS) as pool:
@@ -250,6 +271,10 @@ def test_an_unreachable_remote_at_create_is_one_line_and_makes_no_pool(names, re
         ("redis://127.0.0.1:99999", NS, "is not HOST:PORT"),
         ("unix://relative/path", NS, "absolute socket path"),
         ("redis://[::1", NS, "does not parse"),
+        ("redis://127.0.0.1:6379/0?ssl_ca_certs=/ca.pem", NS, "option 'ssl_ca_certs'"),
+        ("rediss://127.0.0.1:6379/0?ssl_ca_certs=", NS, "option 'ssl_ca_certs'"),
+        ("rediss://127.0.0.1:6379/0?timeout=3", NS, "option 'timeout'"),
+        ("redis+cluster://127.0.0.1:7000?db=1", NS, "option 'db'"),
         ("", NS, "remote URL"),
     ],
 )

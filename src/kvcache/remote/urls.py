@@ -7,7 +7,10 @@ Accepted URLs::
     redis+cluster://HOST:PORT[,HOST:PORT...]   rediss+cluster://... (TLS)
 
 ``valkey://`` and ``valkeys://`` are accepted as other names for ``redis`` and
-``rediss`` (Valkey speaks the same protocol). A user name may be given in the
+``rediss`` (Valkey speaks the same protocol). A TLS URL may name the files of a
+private certificate authority and of a client certificate:
+``rediss://HOST:PORT/0?ssl_ca_certs=/etc/kvcache/ca.pem&ssl_certfile=...&ssl_keyfile=...``;
+without them the system's authorities are trusted. A user name may be given in the
 URL (Redis ACLs); a password never is: command lines are visible to every
 user in ``ps``. It comes from ``$KVCACHE_REDIS_PASSWORD``, or from a file
 whose path the pool records (``password_file``, read by every process that
@@ -24,7 +27,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from ..errors import DependencyError, InvalidArgument
 
@@ -45,6 +48,8 @@ _SCHEMES = {
     "valkey+cluster": ("redis", True),
     "valkeys+cluster": ("rediss", True),
 }
+TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+"""The query options a TLS URL may have: paths, passed to redis-py's client as they are."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,25 @@ def check_url(url: str) -> str:
             )
     else:
         _nodes(url)  # every host:port must parse
+    _options(parts)
     return url
+
+
+def _options(parts: SplitResult) -> dict[str, str]:
+    """The URL's query options: ``db`` (not for a Cluster), and for TLS the ``TLS_FILES``."""
+    scheme, is_cluster = _SCHEMES[parts.scheme]
+    allowed = (() if is_cluster else ("db",)) + (TLS_FILES if scheme == "rediss" else ())
+    try:
+        options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True))
+    except ValueError:
+        options = {"": parts.query} if parts.query else {}
+    for name, value in options.items():
+        if name not in allowed or not value:
+            raise InvalidArgument(
+                f"remote URL option {name or parts.query!r} is not one kvcache takes here "
+                f"({', '.join(allowed) or 'none'})"
+            )
+    return options
 
 
 def check_namespace(namespace: str) -> str:
@@ -191,10 +214,7 @@ def connect(spec: RemoteSpec) -> Any:
         options["username"] = parts.username
     if spec.is_cluster:
         nodes = [ClusterNode(host, port) for host, port in _nodes(spec.url)]
-        return RedisCluster(
-            startup_nodes=nodes,
-            ssl=scheme == "rediss",
-            **options,
-        )
+        options.update(_options(parts))  # from_url reads them itself below
+        return RedisCluster(startup_nodes=nodes, ssl=scheme == "rediss", **options)
     url = spec.url if scheme == parts.scheme else f"{scheme}{spec.url[len(parts.scheme) :]}"
     return redis.Redis.from_url(url, **options)
