@@ -8,24 +8,40 @@ only the rest, and checks that it generates the very tokens it would without
 reuse. Both print their time to first token; then the pool's status is shown
 and the pool destroyed (``--keep`` leaves it).
 
+``--two-hosts`` plays two machines on this one: it starts a private
+``redis-server`` on loopback, and each process gets a pool of its own (its own
+name and ``KVCACHE_HOME``) whose remote tier is that server, in one namespace.
+The first process's prefix goes to Redis as it is stored (write-through); the
+second finds it there, fetches it in a few round trips, promotes it into its
+own pool and generates the same tokens as without reuse.
+
 The model has seeded random weights (nothing is downloaded), so both
 processes build the same one, and the prompts are random token ids.
 
-Run: ``python -m kvcache.demo`` (needs ``pip install 'kvcache[transformers]'``).
+Run: ``python -m kvcache.demo [--two-hosts]`` (needs ``pip install
+'kvcache[transformers]'``; ``--two-hosts`` also ``kvcache[redis]`` and
+``redis-server`` on PATH).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import kvcache
 
 DOCUMENT_TOKENS, QUESTION_TOKENS, NEW_TOKENS = 1984, 64, 16
+NAMESPACE = "kvcache-demo"
 
 
 class FirstTokenClock:
@@ -72,9 +88,14 @@ def ask(name: str, question: int) -> None:
         reused = min(pc.lookup(prompt), prompt.shape[1] - 1)
         clock = FirstTokenClock()
         answer = kvhf.generate(model, pc, prompt, max_new_tokens=NEW_TOKENS, streamer=clock)
+        source = "the pool"
+        if pool.remote is not None:
+            pool.remote.flush()  # what was written through is in Redis before this exits
+            remote = pool.remote_stats()
+            source = f"Redis ({remote.hits} chunks)" if remote and remote.hits else source
         print(
             f"[process {question - 1}, pid {os.getpid()}] {prompt.shape[1]}-token "
-            f"prompt, {reused} tokens' KV from the pool: first token after {clock.first:.3f} s"
+            f"prompt, {reused} tokens' KV from {source}: first token after {clock.first:.3f} s"
         )
         if reused:  # the same prompt without the pool, for comparison
             plain_clock = FirstTokenClock()
@@ -87,33 +108,116 @@ def ask(name: str, question: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Create the pool, run two separate processes on it, show its status."""
+    """Create the pool(s), run two separate processes on them, show the status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="kvcache-demo")
     parser.add_argument("--keep", action="store_true", help="leave the pool for later use")
+    parser.add_argument(
+        "--two-hosts",
+        action="store_true",
+        help="two pools sharing prefixes through a private redis-server, as two machines would",
+    )
     parser.add_argument("--question", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    needed = ("torch", "transformers", *(("redis",) if args.two_hosts else ()))
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
-        sys.exit(f"the demo needs {' and '.join(missing)}: pip install 'kvcache[transformers]'")
+        extras = "transformers,redis" if args.two_hosts else "transformers"
+        sys.exit(f"the demo needs {' and '.join(missing)}: pip install 'kvcache[{extras}]'")
     if args.question is not None:
         ask(args.name, args.question)
         return
-    if args.name in kvcache.list_pools():
-        kvcache.destroy(args.name)
+    if args.two_hosts:
+        _two_hosts(args.name, args.keep)
+        return
+    _replace(args.name)
     kvcache.create(args.name, "1G").close()
     print(f"created pool '{args.name}' (1 GiB in /dev/shm); two processes will use it")
     try:
         for question in (2, 3):
-            command = [sys.executable, "-m", "kvcache.demo", "--name", args.name]
-            if subprocess.run([*command, "--question", str(question)]).returncode:
-                sys.exit(1)  # the process said why
-        from .cli import run
-
-        run(["status", args.name])
+            _ask_in_a_process(args.name, question)
+        _status(args.name)
     finally:
         if not args.keep and args.name in kvcache.list_pools():
             kvcache.destroy(args.name)
+
+
+def _two_hosts(name: str, keep: bool) -> None:
+    """Host A and host B: a pool and a KVCACHE_HOME each, one Redis between them."""
+    hosts = {f"{name}-a": "host A", f"{name}-b": "host B"}
+    with _private_redis() as url, tempfile.TemporaryDirectory(prefix="kvcache-demo-") as homes:
+        for pool_name in hosts:
+            _replace(pool_name)
+            kvcache.create(
+                pool_name, "1G", remote=url, namespace=NAMESPACE, write_through=True
+            ).close()
+        print(
+            f"created pools {' and '.join(map(repr, hosts))} (1 GiB each in /dev/shm), "
+            f"each with its own KVCACHE_HOME, sharing {url} (namespace {NAMESPACE!r})"
+        )
+        try:
+            for question, (pool_name, host) in enumerate(hosts.items(), start=2):
+                print(f"{host}:")
+                home = Path(homes) / host.replace(" ", "-")
+                _ask_in_a_process(pool_name, question, KVCACHE_HOME=str(home))
+            _status(f"{name}-b")
+        finally:
+            for pool_name in hosts:
+                if not keep and pool_name in kvcache.list_pools():
+                    kvcache.destroy(pool_name)
+
+
+def _replace(name: str) -> None:
+    """Destroy a pool left by an earlier demo run."""
+    if name in kvcache.list_pools():
+        kvcache.destroy(name)
+
+
+def _ask_in_a_process(name: str, question: int, **env: str) -> None:
+    command = [sys.executable, "-m", "kvcache.demo", "--name", name, "--question", str(question)]
+    if subprocess.run(command, env={**os.environ, **env}).returncode:
+        sys.exit(1)  # the process said why
+
+
+def _status(name: str) -> None:
+    from .cli import run
+
+    run(["status", name])
+
+
+@contextlib.contextmanager
+def _private_redis() -> Iterator[str]:
+    """A redis-server of this demo's own on a free loopback port, nothing persisted; its URL."""
+    program = shutil.which("redis-server")
+    if program is None:
+        sys.exit(
+            "--two-hosts needs redis-server on PATH (Debian/Ubuntu: apt-get install redis-server)"
+        )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="kvcache-demo-redis-") as folder:
+        server = subprocess.Popen(
+            [program, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+             "no", "--dir", folder, "--logfile", str(Path(folder) / "redis.log")],
+        )  # fmt: skip
+        try:
+            _wait_for_port(port, server)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            server.kill()
+            server.wait()
+
+
+def _wait_for_port(port: int, server: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            sys.exit(f"redis-server exited at start ({server.returncode})")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    sys.exit(f"redis-server did not listen on 127.0.0.1:{port} within {timeout_s:.0f} s")
 
 
 if __name__ == "__main__":
