@@ -16,10 +16,11 @@ import pytest
 from servers import Cluster, Server, random_password
 
 
-@pytest.fixture
-def redis_server() -> Iterator[Server]:
-    """A standalone server on 127.0.0.1 at a free port."""
-    with closing(Server()) as server:
+@pytest.fixture(params=["redis-server", "valkey-server"], ids=["redis", "valkey"])
+def redis_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A standalone server on 127.0.0.1 at a free port: every test that takes it runs against
+    Redis and against Valkey (the same protocol; kvcache must not care which)."""
+    with closing(Server(program=request.param)) as server:
         yield server
 
 

