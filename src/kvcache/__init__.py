@@ -27,6 +27,7 @@ parts, bottom up (each module opens with its own overview):
 - ``durable``   disk pools: clean close, repair after an unclean stop
 - ``stored``    whole entries as they move: ``EntryRef``, ``StoredEntry``
 - ``tiers``     chains of pools: spill evicted entries down, promote hits below
+- ``accesslog`` the opt-in, bounded log of prefix requests every user of a pool writes
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
 - ``remote``    a Redis / Valkey server or Cluster as a chain's last tier, shared by hosts
 - ``lifecycle`` create/open/destroy/list by name; retiring a pool others have open

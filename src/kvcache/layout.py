@@ -46,9 +46,11 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (3, 4)
-"""4: the header names a remote tier (URL, namespace, write mode, timeout, password
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (3, 4, 5)
+"""5: the header names an access log (path, size cap, and a serial bumped by each
+switch; ``kvcache.accesslog``); zero in older headers, so they open with logging off.
+4: the header names a remote tier (URL, namespace, write mode, timeout, password
 file) and counts its traffic; those fields are zero in a format-3 header (they lie
 past its end, where a new header is zeros), so format-3 pools open as pools without
 a remote. 3: the header names a lower pool (``spill_to``, with its ``promote`` mode), counts
@@ -146,6 +148,10 @@ HEADER_DTYPE = np.dtype(
         ("remote_write_through", "<i8"),
         ("remote_timeout_s", "<f8"),
         *((f"remote_{name}", "<i8") for name in REMOTE_COUNTERS),
+        # the access log (format 5): switched at any time under the lock; empty = off
+        ("access_log", "S256"),
+        ("access_log_bytes", "<i8"),
+        ("access_log_serial", "<i8"),
     ]
 )
 

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import durable, folders, owners, registry, segment
+from .accesslog import LogSpec, log_spec, write_log_spec
 from .config import PoolConfig
 from .errors import (
     CorruptPoolError,
@@ -74,6 +75,8 @@ def create(
     write_through: bool = False,
     remote_timeout: str | float | None = None,
     password_file: str | os.PathLike[str] | None = None,
+    access_log: str | os.PathLike[str] | None = None,
+    access_log_size: str | int | None = None,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -111,6 +114,10 @@ def create(
             marks the remote down; default 0.25 s.
         password_file: a file holding the remote's password; without it the
             password comes from ``$KVCACHE_REDIS_PASSWORD`` (never from the URL).
+        access_log: a file that every process using the pool appends its prefix
+            requests to, for ``cortex cache simulate`` (see :mod:`kvcache.accesslog`;
+            ``Pool.set_access_log`` switches it later).
+        access_log_size: the log's cap, with its one rotated file (default 64M).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
@@ -128,6 +135,9 @@ def create(
     if spill_to is not None:
         check_chain(name, spill_to)
     spec = remote_spec(remote, namespace, write_through, remote_timeout, password_file)
+    if access_log_size is not None and access_log is None:
+        raise InvalidArgument("--access-log-size needs --access-log FILE")
+    logged = None if access_log is None else log_spec(access_log, access_log_size)
     if spec is not None:
         check_reachable(spec)
     config = PoolConfig.build(
@@ -148,6 +158,7 @@ def create(
         spill_to=spill_to or "",
         promote=promote_word,
         remote=spec,
+        access_log=logged,
         clock=clock,
         rng=rng,
         folder=folder,
@@ -166,6 +177,7 @@ def create_from_config(
     spill_to: str = "",
     promote: int = PROMOTE_ON_HIT,
     remote: RemoteSpec | None = None,
+    access_log: LogSpec | None = None,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
@@ -176,6 +188,7 @@ def create_from_config(
     Args:
         spill_to, promote, remote: the chain, written into the header (see
             :func:`create`; this opens neither the lower pool nor the remote).
+        access_log: written into the header (see :mod:`kvcache.accesslog`).
         hidden: keep the segment under a hidden name until
             :func:`publish` (or :func:`discard`); a restore fills it first.
         folder: a folder from ``folders.choose``; default shared memory.
@@ -192,7 +205,11 @@ def create_from_config(
             spill_to=spill_to,
             promote=promote,
         )
-        write_spec(np.ndarray((), HEADER_DTYPE, buffer=seg.buffer), remote)
+        header = np.ndarray((), HEADER_DTYPE, buffer=seg.buffer)
+        write_spec(header, remote)
+        if access_log is not None:
+            write_log_spec(header, access_log)
+        del header  # no view may outlive a closing mapping
         durable.mark_new(seg)
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset

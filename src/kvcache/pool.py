@@ -30,6 +30,7 @@ from typing import NamedTuple, TypeVar, overload
 import numpy as np
 
 from . import codec, durable, recovery, segment, transfer
+from .accesslog import AccessLogMixin
 from .allocator import PageAllocator, Run
 from .config import PoolConfig
 from .entries import EntryTable
@@ -109,7 +110,7 @@ class _Summed(NamedTuple):
         return self.computed(payload) == transfer.from_word(self.checksum_word)
 
 
-class Pool(EvictionMixin, TierMixin, RemoteMixin):
+class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -493,6 +494,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             self._below.close()
         if self._remote is not None:
             self._remote.close()  # sends what is queued, for a bounded time
+        self._close_access_log()
         try:
             if self._on_disk:
                 self._close_cleanly()

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..accesslog import chunk_id, chunk_ids
 from ..codec import byte_view
 from ..errors import InvalidArgument
 from ..pool import Pool
@@ -121,6 +122,11 @@ class PrefixCache:
             self.pool.prefetch(keys)  # what only the remote has, in one round trip
         num_chunks = fetch_chunks(self.pool, keys, heads, self._chunk_bytes, flat)
         num_tokens = num_chunks * self.chunk_tokens
+        access_log = self.pool.access_log
+        if access_log is not None:
+            access_log.write(
+                self._logged("retrieve", keys, hit=num_chunks, input_length=len(tokens))
+            )
         kv = chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
         return like(out, kv, self.layout.dtype), num_tokens
 
@@ -160,7 +166,7 @@ class PrefixCache:
         size = self.chunk_tokens
         buffer = np.empty(self._chunk_bytes + TRAILER_BYTES, np.uint8)  # reused: put copies it
         chunk = chunk_view(buffer, self.layout, size)
-        written = 0
+        written: list[int] = []
         keys = chunk_keys(self.namespace, tokens)
         cached = self.pool.count_present(keys)  # the leading run, remote included: one trip
         for index, key in enumerate(keys):
@@ -170,8 +176,14 @@ class PrefixCache:
             seal(buffer, self._head(index))
             # a memoryview, not the array, so that the pool stores plain bytes (no array header)
             self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl)  # type: ignore[arg-type]
-            written += 1
-        return written * size
+            written.append(index)
+        access_log = self.pool.access_log
+        if written and access_log is not None:
+            first = written[0]
+            parent = chunk_id(keys[first - 1]) if first else 0
+            stored = [keys[index] for index in written]
+            access_log.write(self._logged("store", stored, parent=parent, depth=first))
+        return len(written) * size
 
     def __repr__(self) -> str:
         ns = self.namespace
@@ -179,6 +191,16 @@ class PrefixCache:
             f"<kvcache.PrefixCache {ns.model!r} on pool {self.pool.name!r}, "
             f"{self.chunk_tokens}-token chunks, {self.layout}>"
         )
+
+    def _logged(self, op: str, keys: list[str], **fields: int) -> dict[str, object]:
+        """An access log line (see :mod:`kvcache.accesslog`)."""
+        return {
+            "op": op,
+            "hash_ids": chunk_ids(keys),
+            **fields,
+            "block_tokens": self.chunk_tokens,
+            "block_bytes": self._chunk_bytes,
+        }
 
     def _head(self, index: int) -> bytes:
         return trailer_head(self.layout, self.chunk_tokens, index, self.namespace.digest)
