@@ -35,6 +35,7 @@ COMMANDS = [
     "restore",
     "evict",
     "destroy",
+    "access-log",
     "policies",
     "simulate",
 ]
@@ -235,6 +236,8 @@ DOCUMENTED_SESSION = [
     "health {name}",
     "persist {name}",
     "evict {name} --expired",
+    "access-log {name} {log}",
+    "access-log {name} --off",
     "destroy {name} --yes",
     "restore {name}",
     "delete {name} --yes",
@@ -247,7 +250,7 @@ DOCUMENTED_SESSION = [
 def _documented_commands() -> set[str]:
     """The commands (and aliases) in the README's command-line table."""
     section = (REPO / "README.md").read_text().split("\n## Command line\n")[1].split("\n## ")[0]
-    return set(re.findall(r"^\| `(\w+)", section, re.MULTILINE)) - {"command"} | set(
+    return set(re.findall(r"^\| `([\w-]+)", section, re.MULTILINE)) - {"command"} | set(
         re.findall(r"\(alias `(\w+)`\)", section)
     )
 
@@ -261,7 +264,8 @@ def test_bug_every_documented_command_and_alias_runs(names, home):
     """``delete``, documented as destroy's alias, was rejected as an invalid choice."""
     name = names()
     for line in DOCUMENTED_SESSION:
-        result = cortex(*line.format(name=name, trace=SIMULATE_TRACE).split(), "--json")
+        line = line.format(name=name, trace=SIMULATE_TRACE, log=home / "access.log")
+        result = cortex(*line.split(), "--json")
         assert result.returncode == 0, (line, result.stderr)
         json.loads(result.stdout)
     assert name not in kvcache.list_pools()  # "delete" removed it

@@ -18,6 +18,7 @@ from typing import Any
 import kvcache
 
 from .. import owners
+from ..accesslog import LogSpec
 from ..errors import (
     InvalidArgument,
     KVCacheError,
@@ -94,6 +95,8 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         write_through=args.write_through,
         remote_timeout=args.remote_timeout,
         password_file=args.password_file,
+        access_log=args.access_log,
+        access_log_size=args.access_log_size,
     ) as pool:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
     remote = f", remote {args.remote} (namespace {args.namespace})" if args.remote else ""
@@ -198,6 +201,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
         below = _chain_below(pool)
         remote = _remote_doc(pool)
+        logged = pool.access_log
     # This command's own process is attached while it reads: leave it out.
     others = tuple(pid for pid in stats.attached if pid != os.getpid())
     num_elsewhere = stats.num_attached - 1 - len(others)
@@ -215,6 +219,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         "spill_to": below[0]["name"] if below else None,
         "chain": below,
         "remote": remote,
+        "access_log": _log_doc(logged.spec if logged else None),
     }
     rows = [
         ("pool", args.name),
@@ -236,6 +241,10 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("spills / promotions", f"{stats.spills} / {stats.promotions}"),
         ("spills to", _chain_line(below, remote)),
         ("attached", _attached(others, num_elsewhere)),
+        (
+            "access log",
+            f"{logged.spec.path} (up to {format_size(logged.spec.max_bytes)})" if logged else "off",
+        ),
         (
             "snapshot",
             f"{snapshot} ({_age(snapshot_age)} old)" if snapshot_age is not None else "none",
@@ -466,6 +475,27 @@ def _confirm_destroy(name: str, stats: PoolStats) -> None:
         raise KVCacheError("not destroyed: answer y to confirm, or pass --yes")
 
 
+def access_log(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    if args.off == (args.file is not None):
+        raise InvalidArgument("give a FILE to log to, or --off to stop logging")
+    if args.off and args.max_size is not None:
+        raise InvalidArgument("--max-size goes with a FILE, not with --off")
+    with kvcache.open(args.name, **_trust(args)) as pool:
+        spec = pool.set_access_log(None if args.off else args.file, args.max_size)
+    if spec is None:
+        out.line(f"pool '{args.name}' no longer logs its prefix requests")
+        return {"name": args.name, "access_log": None}
+    out.line(
+        f"pool '{args.name}' logs its prefix requests to {spec.path} "
+        f"(up to {format_size(spec.max_bytes)} with {spec.path}.1)"
+    )
+    return {"name": args.name, "access_log": _log_doc(spec)}
+
+
+def _log_doc(spec: LogSpec | None) -> dict[str, object] | None:
+    return None if spec is None else {"path": str(spec.path), "max_bytes": spec.max_bytes}
+
+
 def policies(args: argparse.Namespace, out: Output) -> dict[str, object]:
     out.table(("POLICY", "WHEN TO USE IT"), [(p.name, p.summary) for p in POLICIES.values()])
     return {"policies": [{"name": p.name, "summary": p.summary} for p in POLICIES.values()]}
@@ -482,6 +512,7 @@ COMMANDS = {
     "evict": evict,
     "destroy": destroy,
     "delete": destroy,
+    "access-log": access_log,
     "policies": policies,
     "simulate": simulate,
 }

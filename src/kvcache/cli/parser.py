@@ -151,6 +151,16 @@ def build(prog: str) -> argparse.ArgumentParser:
     )
     _remote(p)
     p.add_argument(
+        "--access-log",
+        metavar="FILE",
+        help="every process using the pool appends its prefix requests here, for simulate",
+    )
+    p.add_argument(
+        "--access-log-size",
+        metavar="SIZE",
+        help="with --access-log: its cap, with its one rotated file (default 64M)",
+    )
+    p.add_argument(
         "--mode", default="600", help="octal permissions, e.g. 660 to share with a group"
     )
     _force(p, _MODE_FORCE)
@@ -250,6 +260,19 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
+    p = _command(
+        sub,
+        "access-log",
+        "start or stop logging a pool's prefix requests, for every process using it",
+        f"{e} access-log llama-cache /var/log/kvcache/llama.log --max-size 256M",
+    )
+    p.add_argument("name")
+    p.add_argument("file", nargs="?", help="the log (appended to; FILE.1 after rotation)")
+    p.add_argument("--max-size", help="its cap, with its one rotated file (default 64M)")
+    p.add_argument("--off", action="store_true", help="stop logging")
+    _trust(p)
+    _json(p)
+
     p = _command(sub, "policies", "the eviction policies and when to use each", f"{e} policies")
     _json(p)
 
@@ -259,7 +282,11 @@ def build(prog: str) -> argparse.ArgumentParser:
         "replay a request trace per policy and pool size: which policy, how big a pool",
         f"{e} simulate trace.jsonl --capacity 1%,5%,10% --policy all --plot hits.png",
     )
-    p.add_argument("trace", help="a Mooncake JSONL trace (one request per line with hash_ids)")
+    p.add_argument(
+        "trace",
+        help="a Mooncake JSONL trace (one request per line with hash_ids), or a pool's "
+        "access log (create --access-log)",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument(
         "--capacity",
@@ -277,8 +304,8 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--block-tokens",
         type=_positive_number,
-        default=MOONCAKE_BLOCK_TOKENS,
-        help=f"tokens per trace block (default {MOONCAKE_BLOCK_TOKENS}, Mooncake's)",
+        help="tokens per trace block (default: an access log's chunk size, else "
+        f"{MOONCAKE_BLOCK_TOKENS}, Mooncake's)",
     )
     p.add_argument(
         "--policy", default="all", help=f"policies, comma-separated: {', '.join(POLICIES)} or all"

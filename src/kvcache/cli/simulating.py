@@ -19,7 +19,9 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
     trace = sim.read_trace(args.trace, args.block_tokens)
     if args.requests:
         trace = trace.head(args.requests)
-    block_bytes = args.block_tokens * parse_size(args.kv_bytes_per_token, what="KV bytes per token")
+    block_bytes = trace.block_tokens * parse_size(
+        args.kv_bytes_per_token, what="KV bytes per token"
+    )
     capacities = sim.capacities_in_blocks(
         trace,
         _listed(args.capacity) if args.capacity else () if args.size else sim.DEFAULT_CAPACITIES,

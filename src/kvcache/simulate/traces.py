@@ -10,6 +10,11 @@ of its block, as a chained prefix key does. ``input_length`` (default: the
 blocks' tokens) and ``timestamp`` (milliseconds, default 0) are optional;
 other fields are ignored.
 
+kvcache's own access log (``kvcache.accesslog``) is read too: its retrieve
+lines are requests in this format, its store lines (``"op": "store"``) are
+skipped, and its ``block_tokens`` (the prefix cache's chunk size) is the
+trace's block size unless the caller names one.
+
 A trace of millions of block reads is kept as numpy arrays, not Python
 objects: ``blocks`` holds every request's ids end to end and ``starts`` where
 each request begins.
@@ -75,17 +80,24 @@ class Trace:
         )
 
 
-def read_trace(path: str | os.PathLike[str], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
-    """Read a Mooncake JSONL trace.
+def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) -> Trace:
+    """Read a Mooncake JSONL trace, or a kvcache access log.
+
+    Args:
+        block_tokens: tokens per block; default the trace's own (an access
+            log's ``block_tokens``), else Mooncake's 512.
 
     Raises:
-        TraceError: no such file, a line that is not a request, or no requests.
+        TraceError: no such file, a line that is not a request, an access log
+            of several chunk sizes, or no requests.
     """
     path = Path(path)
     blocks: list[int] = []
     starts = [0]
     input_tokens: list[int] = []
     timestamps: list[float] = []
+    requests: list[tuple[list[int], int | None, float]] = []
+    sizes: set[int] = set()
     try:
         lines = path.open("rb")
     except OSError as exc:
@@ -94,11 +106,21 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int = MOONCAKE_BLOCK_
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            ids, tokens, timestamp = _parse_request(line, f"{path} line {number}", block_tokens)
-            blocks += ids
-            starts.append(len(blocks))
-            input_tokens.append(tokens)
-            timestamps.append(timestamp)
+            request = _parse_request(line, f"{path} line {number}", sizes)
+            if request is not None:
+                requests.append(request)
+    if block_tokens is None:
+        if len(sizes) > 1:
+            raise TraceError(
+                f"{path} logs chunks of {sorted(sizes)} tokens: simulate one prefix cache's "
+                "requests at a time (give --block-tokens to replay them as one size)"
+            )
+        block_tokens = sizes.pop() if sizes else MOONCAKE_BLOCK_TOKENS
+    for ids, tokens, timestamp in requests:
+        blocks += ids
+        starts.append(len(blocks))
+        input_tokens.append(len(ids) * block_tokens if tokens is None else tokens)
+        timestamps.append(timestamp)
     if not input_tokens:
         raise TraceError(
             f"{path} holds no requests: a trace has one JSON object per line with 'hash_ids'"
@@ -113,7 +135,11 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int = MOONCAKE_BLOCK_
     )
 
 
-def _parse_request(line: bytes, where: str, block_tokens: int) -> tuple[list[int], int, float]:
+def _parse_request(
+    line: bytes, where: str, sizes: set[int]
+) -> tuple[list[int], int | None, float] | None:
+    """A request's (block ids, prompt tokens or None, timestamp); None for an access log's
+    store line. Adds an access log's chunk size to ``sizes``."""
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
@@ -122,17 +148,24 @@ def _parse_request(line: bytes, where: str, block_tokens: int) -> tuple[list[int
         ) from None
     if not isinstance(record, dict):
         raise TraceError(f"{where}: not a JSON object with 'hash_ids'")
+    if record.get("op") == "store":
+        return None
     ids = record.get("hash_ids")
     if ids is None:
         raise TraceError(f"{where}: missing field 'hash_ids' (the prompt's block ids)")
     if not isinstance(ids, list) or not all(_is_block_id(i) for i in ids):
         raise TraceError(f"{where}: 'hash_ids' must be a list of whole numbers 0 to 2**64-1")
-    tokens = record.get("input_length", len(ids) * block_tokens)
-    if not _is_count(tokens):
+    tokens = record.get("input_length")
+    if tokens is not None and not _is_count(tokens):
         raise TraceError(f"{where}: 'input_length' must be a whole number of tokens, 0 or more")
     timestamp = record.get("timestamp", 0)
     if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
         raise TraceError(f"{where}: 'timestamp' must be a number of milliseconds")
+    size = record.get("block_tokens")
+    if size is not None:
+        if not _is_count(size) or size == 0:
+            raise TraceError(f"{where}: 'block_tokens' must be a whole number of tokens, 1 or more")
+        sizes.add(size)
     return ids, tokens, float(timestamp)
 
 
