@@ -83,7 +83,7 @@ class RemoteLink:
         self._queue: deque[_Put | _Delete] = deque()
         self._pending_bytes = 0
         self._unsent = 0  # items queued or in the writer's hands, not yet sent or dropped
-        self._wake = threading.Condition()
+        self._wake = threading.Condition(threading.Lock())  # not an RLock: cheaper per put
         self._writer: threading.Thread | None = None
         self._closed = False
         _links.add(self)
@@ -274,7 +274,8 @@ class RemoteLink:
                     target=self._write_forever, name="kvcache-remote-writer", daemon=True
                 )
                 self._writer.start()
-            self._wake.notify()
+            if len(self._queue) == 1:  # the writer waits only on an empty queue
+                self._wake.notify()
 
     def flush(self, timeout_s: float = EXIT_FLUSH_S) -> bool:
         """Wait until everything queued was sent (or dropped); whether it was, in time.

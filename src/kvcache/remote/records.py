@@ -126,12 +126,13 @@ def decode(key: bytes, parts: list[bytes | None]) -> Decoded | None:
         return None
     _, flags, key_len, header_len, value_len, _, _, priority, expires_at, checksum, _ = fields
     views = [memoryview(head)[HEAD.size :], *(memoryview(p) for p in parts[1:])]  # type: ignore[arg-type]
+    received = len(head) - HEAD.size if len(views) == 1 else sum(len(v) for v in views)
     if (
         key_len != len(key)
         or flags & ~KNOWN_FLAGS
         or header_len > MAX_HEADER_BYTES
         or abs(priority) >= PRIORITY_LIMIT
-        or sum(len(v) for v in views) != key_len + header_len + value_len
+        or received != key_len + header_len + value_len
         or views[0][:key_len] != key
         or math.isnan(expires_at)
         or transfer.checksum(views, flags, key_len, header_len, value_len) != checksum
