@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     _replace(args.name)
     kvcache.create(args.name, "1G").close()
-    print(f"created pool '{args.name}' (1 GiB in /dev/shm); two processes will use it")
+    print(f"created pool '{args.name}' (1 GiB in /dev/shm); two processes will use it", flush=True)
     try:
         for question in (2, 3):
             _ask_in_a_process(args.name, question)
@@ -153,11 +153,12 @@ def _two_hosts(name: str, keep: bool) -> None:
             ).close()
         print(
             f"created pools {' and '.join(map(repr, hosts))} (1 GiB each in /dev/shm), "
-            f"each with its own KVCACHE_HOME, sharing {url} (namespace {NAMESPACE!r})"
+            f"each with its own KVCACHE_HOME, sharing {url} (namespace {NAMESPACE!r})",
+            flush=True,  # before the processes' own lines, also into a pipe
         )
         try:
             for question, (pool_name, host) in enumerate(hosts.items(), start=2):
-                print(f"{host}:")
+                print(f"{host}:", flush=True)
                 home = Path(homes) / host.replace(" ", "-")
                 _ask_in_a_process(pool_name, question, KVCACHE_HOME=str(home))
             _status(f"{name}-b")
