@@ -97,6 +97,9 @@ def test_the_log_replays_in_simulate_as_a_mooncake_trace_of_the_same_prompts(mak
     assert max(hits for _, hits in replayed) > 0  # the shared system prompts are reused
     doc = cortex_json("simulate", str(log), "--capacity", "12", "--policy", "lru")
     assert doc["trace"]["requests"] == 60 and doc["trace"]["block_tokens"] == CHUNK
+    # a size is reckoned in the log's own chunk bytes, not a guessed model's
+    doc = cortex_json("simulate", str(log), "--size", "4K", "--policy", "lru")
+    assert doc["results"][0]["capacity_blocks"] == 4096 // (CHUNK * LAYOUT.token_bytes)
 
 
 def test_a_switch_by_one_process_is_followed_by_another_already_attached(make_pool, tmp_path):

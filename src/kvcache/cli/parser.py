@@ -298,8 +298,8 @@ def build(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--kv-bytes-per-token",
-        default="128K",
-        help="with --size: the model's KV bytes per token (default 128K: Llama-3-8B in fp16)",
+        help="with --size: the model's KV bytes per token (default: an access log's own, "
+        "else 128K: Llama-3-8B in fp16)",
     )
     p.add_argument(
         "--block-tokens",

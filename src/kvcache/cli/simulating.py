@@ -11,6 +11,8 @@ from ..errors import DependencyError, InvalidArgument
 from ..units import format_size, parse_size
 from .output import Output
 
+DEFAULT_KV_BYTES_PER_TOKEN = 128 << 10
+"""Llama-3-8B in fp16: 32 layers x 2 x 8 KV heads x 128 x 2 bytes."""
 NEEDS_MATPLOTLIB = "--plot needs matplotlib: pip install 'kvcache[plot]'"
 
 
@@ -19,9 +21,11 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
     trace = sim.read_trace(args.trace, args.block_tokens)
     if args.requests:
         trace = trace.head(args.requests)
-    block_bytes = trace.block_tokens * parse_size(
-        args.kv_bytes_per_token, what="KV bytes per token"
-    )
+    if args.kv_bytes_per_token is not None:
+        per_token = parse_size(args.kv_bytes_per_token, what="KV bytes per token")
+        block_bytes = trace.block_tokens * per_token
+    else:  # an access log knows its chunks' bytes; a Mooncake trace gets Llama-3-8B's
+        block_bytes = trace.block_bytes or trace.block_tokens * DEFAULT_KV_BYTES_PER_TOKEN
     capacities = sim.capacities_in_blocks(
         trace,
         _listed(args.capacity) if args.capacity else () if args.size else sim.DEFAULT_CAPACITIES,

@@ -13,7 +13,8 @@ other fields are ignored.
 kvcache's own access log (``kvcache.accesslog``) is read too: its retrieve
 lines are requests in this format, its store lines (``"op": "store"``) are
 skipped, and its ``block_tokens`` (the prefix cache's chunk size) is the
-trace's block size unless the caller names one.
+trace's block size unless the caller names one (and its ``block_bytes`` the
+bytes a block takes in a pool, for capacities given as sizes).
 
 A trace of millions of block reads is kept as numpy arrays, not Python
 objects: ``blocks`` holds every request's ids end to end and ``starts`` where
@@ -50,6 +51,7 @@ class Trace:
     input_tokens: np.ndarray  # int64 prompt length per request
     timestamps_ms: np.ndarray  # float64 arrival time per request
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    block_bytes: int | None = None  # an access log's bytes per block (chunk), if it says
 
     @property
     def num_requests(self) -> int:
@@ -77,6 +79,7 @@ class Trace:
             self.input_tokens[:n],
             self.timestamps_ms[:n],
             self.block_tokens,
+            self.block_bytes,
         )
 
 
@@ -98,6 +101,7 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
     timestamps: list[float] = []
     requests: list[tuple[list[int], int | None, float]] = []
     sizes: set[int] = set()
+    block_bytes: set[int] = set()
     try:
         lines = path.open("rb")
     except OSError as exc:
@@ -106,7 +110,7 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            request = _parse_request(line, f"{path} line {number}", sizes)
+            request = _parse_request(line, f"{path} line {number}", sizes, block_bytes)
             if request is not None:
                 requests.append(request)
     if block_tokens is None:
@@ -132,14 +136,15 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
         np.array(input_tokens, dtype=np.int64),
         np.array(timestamps, dtype=np.float64),
         block_tokens,
+        block_bytes.pop() if len(block_bytes) == 1 else None,
     )
 
 
 def _parse_request(
-    line: bytes, where: str, sizes: set[int]
+    line: bytes, where: str, sizes: set[int], block_bytes: set[int]
 ) -> tuple[list[int], int | None, float] | None:
     """A request's (block ids, prompt tokens or None, timestamp); None for an access log's
-    store line. Adds an access log's chunk size to ``sizes``."""
+    store line. Adds an access log's chunk size to ``sizes``, its bytes to ``block_bytes``."""
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
@@ -166,6 +171,11 @@ def _parse_request(
         if not _is_count(size) or size == 0:
             raise TraceError(f"{where}: 'block_tokens' must be a whole number of tokens, 1 or more")
         sizes.add(size)
+    size_bytes = record.get("block_bytes")
+    if size_bytes is not None:
+        if not _is_count(size_bytes) or size_bytes == 0:
+            raise TraceError(f"{where}: 'block_bytes' must be a whole number of bytes, 1 or more")
+        block_bytes.add(size_bytes)
     return ids, tokens, float(timestamp)
 
 
