@@ -234,3 +234,16 @@ def test_cli_create_status_switch_and_errors(names, tmp_path):
         assert result.returncode == 1 and says in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1
     assert cortex_json("status", name)["access_log"] is None  # nothing changed
+
+
+def test_restore_replace_keeps_the_access_log(make_pool, tmp_path):
+    log = tmp_path / "access.log"
+    pool = make_pool("4M", page_size="4K", access_log=log, access_log_size="1M")
+    PrefixCache(pool, "model", LAYOUT, chunk_tokens=CHUNK).store(list(range(8)), kv_for(8))
+    snapshot = kvcache.persist(pool, tmp_path / "pool.kvsnap")
+    name = pool.name
+    pool.close()
+    with kvcache.restore(name, snapshot, replace=True) as restored:
+        assert restored.access_log.spec == LogSpec(log, 1 << 20)
+        PrefixCache(restored, "model", LAYOUT, chunk_tokens=CHUNK).retrieve(list(range(8)))
+    assert [line["op"] for line in lines_of(log)] == ["store", "retrieve"]

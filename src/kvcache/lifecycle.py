@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import durable, folders, owners, registry, segment
-from .accesslog import LogSpec, log_spec, write_log_spec
+from .accesslog import LogSpec, log_spec, read_log_spec, write_log_spec
 from .config import PoolConfig
 from .errors import (
     CorruptPoolError,
@@ -324,11 +324,12 @@ def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
 
 
 class Link(NamedTuple):
-    """What a pool's header says about its chain."""
+    """What a pool's header says about its chain (and its access log, kept with it)."""
 
     spill_to: str | None = None  # the lower pool
     promote: int = PROMOTE_ON_HIT
     remote: RemoteSpec | None = None
+    access_log: LogSpec | None = None
 
 
 def stored_remote(pool: Pool) -> RemoteSpec | None:
@@ -347,13 +348,14 @@ def _link(buffer: mmap.mmap, name: str) -> Link:
     try:
         raw, promote = header["spill_to"].item(), int(header["promote"])
         remote = read_spec(header, name)
+        access_log = read_log_spec(header, name)
     finally:
         del header  # no view may outlive a closing mapping
     try:
         lower = segment.validate_name(raw.decode("ascii")) if raw else None
     except (UnicodeDecodeError, InvalidArgument):
         lower = None  # damaged: the pool works on alone
-    return Link(lower, promote, remote)
+    return Link(lower, promote, remote, access_log)
 
 
 def _spill_to_of(name: str) -> str | None:

@@ -319,7 +319,7 @@ def restore_with_report(
             f"restoring pool '{name}'",
             "restore into a smaller --size, destroy unused pools, or free memory",
         )
-        # A replaced pool's chain carries over: its lower pool and remote stay as they were.
+        # A replaced pool's chain carries over: its lower pool, remote and access log stay.
         link = chain_of(name) if replace else Link()
         builder = create_from_config(
             name,
@@ -329,6 +329,7 @@ def restore_with_report(
             spill_to=link.spill_to or "",
             promote=link.promote,
             remote=link.remote,
+            access_log=link.access_log,
             clock=clock,
             hidden=True,
             folder=target,
