@@ -57,7 +57,7 @@ def test_a_built_wheel_ships_py_typed_and_needs_no_rich_or_redis(tmp_path: Path)
         'Requires-Dist: rich>=13; extra == "cli"'
     ]
     assert [line for line in requires if line.startswith("Requires-Dist: redis")] == [
-        'Requires-Dist: redis>=5.0; extra == "redis"'
+        'Requires-Dist: redis[hiredis]>=5.0; extra == "redis"'
     ]
 
 
