@@ -309,3 +309,12 @@ def test_a_model_whose_forward_lacks_the_keyword_is_refused(pool: kvcache.Pool) 
     old = OldSignature(tiny_llama().config)
     with pytest.raises(InvalidArgument, match=f"does not take {kvhf.CACHE_KEYWORD}="):
         kvhf.prefix_cache(pool, old, model_id="old")
+
+
+def test_a_release_in_range_without_the_cache_api_fails_clearly(monkeypatch) -> None:
+    class OldLayer:  # as 4.54-4.55: a DynamicLayer without lazy_initialization
+        pass
+
+    monkeypatch.setattr(kvhf, "DynamicLayer", OldLayer)
+    with pytest.raises(DependencyError, match=r"lacks the cache API.*pip install"):
+        kvhf._detect_flavor()

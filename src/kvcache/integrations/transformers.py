@@ -26,10 +26,10 @@ that range, and both are read once at import from the release's code
 
 Releases before 4.56 build ``DynamicCache`` differently (4.50-4.53:
 ``key_cache``/``value_cache`` lists; 4.54-4.55: layers without
-``lazy_initialization`` or ``DynamicCache(config=)``), and 5.26 onwards is
-untested: importing this module on them, or on a release without the
-features above, raises ``DependencyError``. CI tests both ends
-(``scripts/test-transformers.sh 4.56.0``; the main venv gets 5.25).
+``lazy_initialization``), and 5.26 onwards is untested: importing this
+module on them, or on a release without the features above, raises
+``DependencyError``. CI tests both ends (``scripts/test-transformers.sh
+4.56.0``; the main venv gets 5.25).
 
 The restored cache never covers the whole prompt: at least its last token is
 recomputed, since its logits give the first new token (a cache covering
@@ -83,7 +83,7 @@ class _Flavor:
     Attributes:
         keyword: the cache keyword of ``forward`` and ``generate``, and the
             field of their outputs: ``cache`` from 5.24, ``past_key_values``
-            before. Read from a model's ``forward`` signature because a release
+            before. Read from ``LlamaForCausalLM.forward``'s signature because a release
             that does not know the keyword silently ignores it.
         init_takes_values: ``DynamicLayer.lazy_initialization`` takes
             ``(keys, values)`` (5.x) rather than ``(keys)`` (4.56-4.57).
@@ -96,6 +96,8 @@ class _Flavor:
 def _detect_flavor() -> _Flavor:
     keyword = _cache_keyword(LlamaForCausalLM.forward)
     init = getattr(DynamicLayer, "lazy_initialization", None)
+    # check_model reads the layer kinds off DynamicCache(config=); a constructor that took
+    # config into **kwargs (4.54-4.55) would show every layer as full attention.
     takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
     if keyword is None or init is None or not takes_config or not hasattr(DynamicCache(), "layers"):
         raise DependencyError(
