@@ -118,7 +118,7 @@ def median_of(repeats: int, run: Callable[[], Any]) -> tuple[float, list[float],
 
 def cold_ttft(model: Any, ids: torch.Tensor) -> tuple[int, Any]:
     cache = DynamicCache()
-    logits = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+    logits = model(ids, **{kvhf.CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1).logits
     return int(logits[0, -1].argmax()), cache
 
 
@@ -127,7 +127,9 @@ def warm_ttft(model: Any, pc: kvcache.PrefixCache, ids: torch.Tensor) -> tuple[i
     start = time.perf_counter()
     cache, n = kvhf.load(pc, ids)
     loaded = time.perf_counter() - start
-    logits = model(ids[:, n:], cache=cache, use_cache=True, logits_to_keep=1).logits
+    logits = model(
+        ids[:, n:], **{kvhf.CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1
+    ).logits
     return int(logits[0, -1].argmax()), loaded, n
 
 

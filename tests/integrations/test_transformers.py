@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -55,9 +56,14 @@ def prompt(length: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
+def prefill(model, ids: torch.Tensor) -> transformers.DynamicCache:
+    """The cache of a forward over ids (outputs.cache from 5.24, .past_key_values before)."""
+    return getattr(model(ids, use_cache=True), kvhf.CACHE_KEYWORD)
+
+
 def last_logits_with_reuse(model, pc: PrefixCache, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     cache, n = kvhf.load(pc, ids)
-    logits = model(ids[:, n:], cache=cache, use_cache=True).logits[0, -1]
+    logits = model(ids[:, n:], **{kvhf.CACHE_KEYWORD: cache}, use_cache=True).logits[0, -1]
     return logits, n
 
 
@@ -86,7 +92,7 @@ def test_logits_after_restoring_match_a_full_prefill(
     model = tiny_llama(attn=attn)
     pc = kvhf.prefix_cache(pool, model, model_id="tiny-llama", chunk_tokens=CHUNK)
     stored = prompt(40)
-    assert kvhf.save(pc, stored, model(stored, use_cache=True).cache) == 40
+    assert kvhf.save(pc, stored, prefill(model, stored)) == 40
     ids = stored[:, :length]
     reused, n = last_logits_with_reuse(model, pc, ids)
     assert n == expected_n
@@ -97,7 +103,7 @@ def test_logits_after_restoring_match_a_full_prefill(
 
 def test_the_restored_cache_never_covers_the_whole_prompt(pc: PrefixCache, model) -> None:
     ids = prompt(32)
-    kvhf.save(pc, ids, model(ids, use_cache=True).cache)
+    kvhf.save(pc, ids, prefill(model, ids))
     for length in (32, 16, 8):  # whole chunks: the last token is still left to compute
         cache, n = kvhf.load(pc, ids[:, :length])
         assert n == length - 1 and cache.get_seq_length() == n
@@ -108,7 +114,7 @@ def test_the_restored_cache_never_covers_the_whole_prompt(pc: PrefixCache, model
 
 def test_loading_makes_views_not_copies(pc: PrefixCache, model) -> None:
     ids = prompt(32)
-    kvhf.save(pc, ids, model(ids, use_cache=True).cache)
+    kvhf.save(pc, ids, prefill(model, ids))
     cache, n = kvhf.load(pc, ids)
     pointers = {
         tensor.untyped_storage().data_ptr()
@@ -142,7 +148,7 @@ def test_half_precision_caches_round_trip_bit_for_bit(pool: kvcache.Pool, dtype)
     pc = kvhf.prefix_cache(pool, model, model_id="tiny-llama", chunk_tokens=CHUNK)
     assert pc.layout.dtype == str(dtype).removeprefix("torch.")
     ids = prompt(24)
-    original = model(ids, use_cache=True).cache
+    original = prefill(model, ids)
     kvhf.save(pc, ids, original)
     cache, n = kvhf.load(pc, torch.cat([ids, prompt(1)], dim=1))
     assert n == 24
@@ -158,7 +164,7 @@ def test_other_models_layouts_and_dtypes_never_hit(
     pool: kvcache.Pool, pc: PrefixCache, model
 ) -> None:
     ids = prompt(32)
-    kvhf.save(pc, ids, model(ids, use_cache=True).cache)
+    kvhf.save(pc, ids, prefill(model, ids))
     assert kvhf.load(pc, ids)[1] == 31
     others = [
         kvhf.prefix_cache(pool, model, model_id="another-model", chunk_tokens=CHUNK),
@@ -179,7 +185,7 @@ def test_other_models_layouts_and_dtypes_never_hit(
 
 def test_evicting_a_middle_chunk_shortens_the_hit(pc: PrefixCache, model) -> None:
     ids = prompt(40)
-    kvhf.save(pc, ids, model(ids, use_cache=True).cache)
+    kvhf.save(pc, ids, prefill(model, ids))
     pc.pool.delete(pc.chunk_keys(ids)[2])
     reused, n = last_logits_with_reuse(model, pc, ids)
     assert n == 16
@@ -188,7 +194,7 @@ def test_evicting_a_middle_chunk_shortens_the_hit(pc: PrefixCache, model) -> Non
 
 def test_a_corrupted_chunk_is_a_miss(pc: PrefixCache, model) -> None:
     ids = prompt(40)
-    kvhf.save(pc, ids, model(ids, use_cache=True).cache)
+    kvhf.save(pc, ids, prefill(model, ids))
     key = pc.chunk_keys(ids)[1]
     value = bytearray(pc.pool.get(key))
     value[100] ^= 0x01  # one bit of one key element
@@ -235,7 +241,7 @@ def test_one_sequence_at_a_time(pc: PrefixCache, model) -> None:
     with pytest.raises(InvalidArgument, match="one sequence"):
         kvhf.load(pc, batch)
     with pytest.raises(InvalidArgument, match="batch of 2"):
-        kvhf.save(pc, batch[0], model(batch, use_cache=True).cache)
+        kvhf.save(pc, batch[0], prefill(model, batch))
     with pytest.raises(InvalidArgument, match="one prompt at a time"):
         kvhf.generate(model, pc, batch, max_new_tokens=2)
 
@@ -243,7 +249,7 @@ def test_one_sequence_at_a_time(pc: PrefixCache, model) -> None:
 def test_generate_refuses_a_cache_of_its_own_and_a_foreign_layout(pc: PrefixCache, model) -> None:
     ids = prompt(16)
     with pytest.raises(InvalidArgument, match="makes the cache itself"):
-        kvhf.generate(model, pc, ids, cache=transformers.DynamicCache())
+        kvhf.generate(model, pc, ids, **{kvhf.CACHE_KEYWORD: transformers.DynamicCache()})
     with pytest.raises(InvalidArgument, match="makes the cache itself"):
         kvhf.generate(model, pc, ids, use_cache=False)
     with pytest.raises(InvalidArgument, match="layout"):
@@ -273,12 +279,42 @@ def test_sliding_window_models_are_refused(pool: kvcache.Pool) -> None:
         kvhf.prefix_cache(pool, mistral, model_id="mistral")
 
 
-@pytest.mark.parametrize("version", ["5.23.0", "5.25.0", "4.57.6", "6.0.0", "dev"])
+@pytest.mark.parametrize("version", ["4.55.4", "4.50.0", "5.26.0", "6.0.0", "3.5.1", "dev"])
 def test_unsupported_transformers_versions_fail_clearly(version: str) -> None:
-    with pytest.raises(DependencyError, match=r"transformers>=5\.24,<5\.25.*pip install"):
+    with pytest.raises(DependencyError, match=r"transformers>=4\.56,<5\.26.*pip install"):
         kvhf._check_version(version)
 
 
-@pytest.mark.parametrize("version", ["5.24.0", "5.24.3", "5.24.1.dev0"])
+@pytest.mark.parametrize(
+    "version", ["4.56.0", "4.57.6", "5.0.0", "5.24.0", "5.25.0", "5.25.1.dev0"]
+)
 def test_supported_versions(version: str) -> None:
     kvhf._check_version(version)
+
+
+def test_the_cache_keyword_is_the_one_this_release_takes() -> None:
+    """A keyword forward does not know would vanish into **kwargs: the cache unused."""
+    major_minor = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    expected = "cache" if major_minor >= (5, 24) else "past_key_values"
+    assert expected == kvhf.CACHE_KEYWORD
+    forward = inspect.signature(transformers.LlamaForCausalLM.forward).parameters
+    assert kvhf.CACHE_KEYWORD in forward
+
+
+def test_a_model_whose_forward_lacks_the_keyword_is_refused(pool: kvcache.Pool) -> None:
+    class OldSignature(transformers.LlamaForCausalLM):
+        def forward(self, input_ids=None, other_cache=None, **kwargs):  # type: ignore[override]
+            return super().forward(input_ids, **kwargs)
+
+    old = OldSignature(tiny_llama().config)
+    with pytest.raises(InvalidArgument, match=f"does not take {kvhf.CACHE_KEYWORD}="):
+        kvhf.prefix_cache(pool, old, model_id="old")
+
+
+def test_a_release_in_range_without_the_cache_api_fails_clearly(monkeypatch) -> None:
+    class OldLayer:  # as 4.54-4.55: a DynamicLayer without lazy_initialization
+        pass
+
+    monkeypatch.setattr(kvhf, "DynamicLayer", OldLayer)
+    with pytest.raises(DependencyError, match=r"lacks the cache API.*pip install"):
+        kvhf._detect_flavor()

@@ -7,15 +7,29 @@
     out = kvhf.generate(model, pc, input_ids, max_new_tokens=64)  # as model.generate
     cache, n = kvhf.load(pc, input_ids)                # a DynamicCache of the first n tokens
     kvhf.save(pc, input_ids, outputs.cache)            # after any forward or generate
+                                                       # (outputs.past_key_values before 5.24)
 
-Supported: transformers ``>=5.24,<5.25`` with torch (CPU tensors), models
+Supported: transformers ``>=4.56,<5.26`` with torch (CPU tensors), models
 whose cache layers are all full attention (e.g. Llama, Qwen2, Mistral
-without a sliding window; ``check_model`` tells). 5.24 renamed the cache
-keyword of ``forward`` and ``generate`` from ``past_key_values`` to
-``cache``; releases before it take ``cache=`` as an unknown keyword and
-silently compute without it, and 5.25 needs a ``kernels`` release that could
-not be installed for testing.
-Importing this module on any other release raises ``DependencyError``.
+without a sliding window; ``check_model`` tells). Two things differ within
+that range, and both are read once at import from the release's code
+(``_Flavor``), not from its version number:
+
+- the cache keyword of ``forward`` and ``generate`` (and the outputs'
+  field): ``cache`` from 5.24, ``past_key_values`` before
+  (:data:`CACHE_KEYWORD`). It is read from ``LlamaForCausalLM.forward``'s
+  signature, and every model is checked the same way, because a release
+  takes an unknown keyword into ``**kwargs`` and silently computes without
+  the cached prefix -- trying one and seeing is not a test;
+- ``DynamicLayer.lazy_initialization`` takes ``(keys, values)`` in 5.x and
+  ``(keys)`` in 4.56-4.57.
+
+Releases before 4.56 build ``DynamicCache`` differently (4.50-4.53:
+``key_cache``/``value_cache`` lists; 4.54-4.55: layers without
+``lazy_initialization``), and 5.26 onwards is untested: importing this
+module on them, or on a release without the features above, raises
+``DependencyError``. CI tests both ends (``scripts/test-transformers.sh
+4.56.0``; the main venv gets 5.25).
 
 The restored cache never covers the whole prompt: at least its last token is
 recomputed, since its logits give the first new token (a cache covering
@@ -27,7 +41,9 @@ as it would any cache.
 
 from __future__ import annotations
 
+import inspect
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,14 +53,12 @@ from ..pool import Pool
 from ..prefix import KVLayout, PrefixCache
 from ..prefix.keys import as_tokens
 
-SUPPORTED = ">=5.24,<5.25"
-_MIN, _BELOW = (5, 24), (5, 25)
+SUPPORTED = ">=4.56,<5.26"
+_MIN, _BELOW = (4, 56), (5, 26)
 
 try:
     import torch
     import transformers
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 except ImportError as exc:
     raise DependencyError(
         f"kvcache.integrations.transformers needs torch and transformers{SUPPORTED} ({exc}): "
@@ -57,13 +71,59 @@ def _check_version(version: str) -> None:
     if match is None or not _MIN <= (int(match[1]), int(match[2])) < _BELOW:
         raise DependencyError(
             f"kvcache.integrations.transformers supports transformers{SUPPORTED}, not {version}: "
-            f"the cache keyword of forward/generate changed within 5.x, and a release that does "
-            f"not know it would silently ignore the cached prefix. "
+            f"older releases build DynamicCache differently, and newer ones are untested. "
             f"pip install 'transformers{SUPPORTED}'"
         )
 
 
+@dataclass(frozen=True)
+class _Flavor:
+    """What differs between the supported releases, read from their code, not their version.
+
+    Attributes:
+        keyword: the cache keyword of ``forward`` and ``generate``, and the
+            field of their outputs: ``cache`` from 5.24, ``past_key_values``
+            before. Read from ``LlamaForCausalLM.forward``'s signature because a release
+            that does not know the keyword silently ignores it.
+        init_takes_values: ``DynamicLayer.lazy_initialization`` takes
+            ``(keys, values)`` (5.x) rather than ``(keys)`` (4.56-4.57).
+    """
+
+    keyword: str
+    init_takes_values: bool
+
+
+def _detect_flavor() -> _Flavor:
+    keyword = _cache_keyword(LlamaForCausalLM.forward)
+    init = getattr(DynamicLayer, "lazy_initialization", None)
+    # check_model reads the layer kinds off DynamicCache(config=); a constructor that took
+    # config into **kwargs (4.54-4.55) would show every layer as full attention.
+    takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
+    if keyword is None or init is None or not takes_config or not hasattr(DynamicCache(), "layers"):
+        raise DependencyError(
+            f"transformers {transformers.__version__} lacks the cache API kvcache uses "
+            f"(a forward keyword cache= or past_key_values=, DynamicCache(config=).layers, "
+            f"DynamicLayer.lazy_initialization): pip install 'transformers{SUPPORTED}'"
+        )
+    num_params = len(inspect.signature(init).parameters)  # self, keys[, values]
+    return _Flavor(keyword=keyword, init_takes_values=num_params >= 3)
+
+
+def _cache_keyword(forward: Any) -> str | None:
+    parameters = inspect.signature(forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
 _check_version(transformers.__version__)
+
+from transformers import DynamicCache, LlamaForCausalLM  # noqa: E402 (after the version check)
+from transformers.cache_utils import DynamicLayer  # noqa: E402
+
+_FLAVOR = _detect_flavor()
+CACHE_KEYWORD = _FLAVOR.keyword
+"""``"cache"`` or ``"past_key_values"``: the keyword this transformers release's
+``forward`` and ``generate`` take the cache by, and the field of their outputs
+that holds it (``model(ids, **{CACHE_KEYWORD: cache})``)."""
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -120,7 +180,8 @@ def prefix_cache(
 
 
 def check_model(model: Any) -> None:
-    """Refuse models not on the CPU, or whose cache layers are not all full-attention.
+    """Refuse models not on the CPU, whose cache layers are not all full-attention,
+    or whose ``forward`` does not take the release's cache keyword.
 
     Loaded KV are CPU tensors (views of retrieved memory), which a model on
     another device cannot use. A sliding-window layer keeps only its last
@@ -134,6 +195,11 @@ def check_model(model: Any) -> None:
         raise InvalidArgument(
             f"{type(model).__name__} is on {model.device}: kvcache.integrations.transformers "
             "runs models on the CPU (model.to('cpu'))"
+        )
+    if _cache_keyword(model.forward) != CACHE_KEYWORD:
+        raise InvalidArgument(
+            f"{type(model).__name__}.forward does not take {CACHE_KEYWORD}=, the cache keyword "
+            f"of transformers {transformers.__version__}: kvcache could not pass it a cache"
         )
     probe = DynamicCache(config=model.config)
     kinds = {type(layer).__name__ for layer in probe.layers if type(layer) is not DynamicLayer}
@@ -155,7 +221,7 @@ def load(pc: PrefixCache, input_ids: Any) -> tuple[DynamicCache, int]:
         ``(cache, n)``: cache covers ``input_ids[..., :n]``, and
         ``n <= len(input_ids) - 1`` always, so that the last prompt token is
         computed (its logits give the first new token). Run the model on
-        ``input_ids[..., n:]`` with ``cache=cache``; on a miss n is 0 and the
+        ``input_ids[..., n:]`` with ``**{CACHE_KEYWORD: cache}``; on a miss n is 0 and the
         cache is empty.
     """
     tokens = as_tokens(input_ids)
@@ -172,7 +238,10 @@ def load(pc: PrefixCache, input_ids: Any) -> tuple[DynamicCache, int]:
         layer = DynamicLayer()
         # What DynamicLayer.update does to an empty layer, minus its copy: update
         # would torch.cat the loaded KV onto an empty tensor, copying it whole.
-        layer.lazy_initialization(keys, values)
+        if _FLAVOR.init_takes_values:
+            layer.lazy_initialization(keys, values)
+        else:  # 4.56-4.57; typed against the release mypy sees
+            layer.lazy_initialization(keys)  # type: ignore[call-arg,unused-ignore]
         layer.keys, layer.values = keys, values
         cache.layers.append(layer)
     return cache, num_tokens
@@ -192,8 +261,8 @@ def save(
         pc: the model's prefix cache.
         input_ids: the tokens the cache was computed for, (n,) or (1, n); may
             run past the cache (after ``generate``, the last token has no KV yet).
-        cache: a ``DynamicCache`` (``outputs.cache``) for a batch of one, or a
-            sequence of one (keys, values) pair per layer.
+        cache: a ``DynamicCache`` (``outputs.cache``, ``.past_key_values`` before
+            5.24) for a batch of one, or a sequence of one (keys, values) pair per layer.
         priority, ttl: for the pool entries, as in :meth:`Pool.put`.
 
     Returns:
@@ -246,7 +315,7 @@ def generate(model: Any, pc: PrefixCache, input_ids: Any, **kwargs: Any) -> Any:
     check_model(model)
     cache, _ = load(pc, input_ids)
     kwargs.setdefault("attention_mask", torch.ones_like(input_ids))
-    output = model.generate(input_ids, cache=cache, **kwargs)
+    output = model.generate(input_ids, **{CACHE_KEYWORD: cache}, **kwargs)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     save(pc, sequences[0], cache)
     return output
@@ -259,4 +328,13 @@ def _as_torch(array: Any, dtype: str) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-__all__ = ["SUPPORTED", "check_model", "generate", "layout_of", "load", "prefix_cache", "save"]
+__all__ = [
+    "CACHE_KEYWORD",
+    "SUPPORTED",
+    "check_model",
+    "generate",
+    "layout_of",
+    "load",
+    "prefix_cache",
+    "save",
+]
