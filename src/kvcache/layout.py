@@ -11,13 +11,16 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               |                             |  time, pid namespace); each slot's
               |                             |  first byte carries its holder's lease
               +-----------------------------+
-              | entry table                 |  max_entries x 184-byte records
+              | entry table                 |  max_entries x 232-byte records
               +-----------------------------+
               | live list                   |  max_entries x int64: dense ids of
               |                             |  READY entries (eviction samples it)
               +-----------------------------+
               | key index                   |  index_slots x int64: entry id + 1,
               |                             |  0 = empty; open addressing
+              +-----------------------------+
+              | ghosts                      |  index_slots x int64: hash_lo of keys
+              |                             |  evicted lately (prefix policy), 0 = none
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -46,16 +49,19 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (3, 4)
-"""4: the header names a remote tier (URL, namespace, write mode, timeout, password
-file) and counts its traffic; those fields are zero in a format-3 header (they lie
-past its end, where a new header is zeros), so format-3 pools open as pools without
-a remote. 3: the header names a lower pool (``spill_to``, with its ``promote`` mode), counts
-spills and promotions, and says whether the last process closed the pool cleanly.
-2: entries name their writer by process slot (not pid) and carry a checksum over
-their flags, lengths and bytes, and wall-clock times; the header's ``retired`` word
-tells attached processes the pool was destroyed or replaced. 1 was the first."""
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (5,)
+"""5: entries record their place in a prompt's chunk tree (parent, children,
+depth) and probation, and a ghost table remembers keys evicted lately, for the
+``prefix`` policy; the longer records move every region, so format-4 pools are
+refused (persist them with the kvcache that made them and restore here).
+4: the header names a remote tier (URL, namespace, write mode, timeout, password
+file) and counts its traffic. 3: the header names a lower pool (``spill_to``,
+with its ``promote`` mode), counts spills and promotions, and says whether the
+last process closed the pool cleanly. 2: entries name their writer by process
+slot (not pid) and carry a checksum over their flags, lengths and bytes, and
+wall-clock times; the header's ``retired`` word tells attached processes the
+pool was destroyed or replaced. 1 was the first."""
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
@@ -146,6 +152,9 @@ HEADER_DTYPE = np.dtype(
         ("remote_write_through", "<i8"),
         ("remote_timeout_s", "<f8"),
         *((f"remote_{name}", "<i8") for name in REMOTE_COUNTERS),
+        # format 5: the ghost table (geometry) and the prefix policy's probation count
+        ("ghost_offset", "<i8"),
+        ("num_probation", "<i8"),  # READY entries on probation (stored, never hit since)
     ]
 )
 
@@ -174,6 +183,13 @@ ENTRY_DTYPE = np.dtype(
         ("checksum", "<i8"),  # xxh3-64 of key | value header | payload, set at publish
         ("live_pos", "<i8"),  # position in the live list, while READY
         ("next_free", "<i8"),  # next free entry id + 1, while FREE
+        # the chunk tree of prefix-tracking policies (ids + 1, 0 = none); see kvcache.tree
+        ("parent", "<i8"),  # the chunk before this one in its prompt
+        ("first_child", "<i8"),  # 0 = a leaf
+        ("next_sibling", "<i8"),
+        ("prev_sibling", "<i8"),
+        ("depth", "<i8"),  # chunks before this one in its prompt
+        ("probation", "<i8"),  # 1 from a put until the first hit (never, if evicted lately)
     ]
 )
 
@@ -241,6 +257,7 @@ class Geometry:
     entries_offset: int
     live_offset: int
     index_offset: int
+    ghost_offset: int
     page_next_offset: int
     data_offset: int
     total_bytes: int
@@ -253,7 +270,8 @@ class Geometry:
         entries = _align(procs + config.max_processes * PROC_DTYPE.itemsize)
         live = _align(entries + config.max_entries * ENTRY_DTYPE.itemsize)
         index = _align(live + config.max_entries * 8)
-        page_next = _align(index + index_slots * 8)
+        ghost = _align(index + index_slots * 8)
+        page_next = _align(ghost + index_slots * 8)
         data = _align(page_next + config.num_pages * 8)
         return cls(
             page_size_bytes=config.page_size_bytes,
@@ -265,6 +283,7 @@ class Geometry:
             entries_offset=entries,
             live_offset=live,
             index_offset=index,
+            ghost_offset=ghost,
             page_next_offset=page_next,
             data_offset=data,
             total_bytes=data + config.num_pages * config.page_size_bytes,
@@ -307,6 +326,7 @@ class Views:
         self.live = np.ndarray((g.max_entries,), np.int64, buffer=buffer, offset=g.live_offset)
         self.index_q = raw[g.index_offset : g.index_offset + g.index_slots * 8].cast("q")
         self.index = np.ndarray((g.index_slots,), np.int64, buffer=buffer, offset=g.index_offset)
+        self.ghost_q = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8].cast("q")
         self.page_next_q = raw[g.page_next_offset : g.page_next_offset + g.num_pages * 8].cast("q")
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset

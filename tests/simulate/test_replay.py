@@ -1,5 +1,6 @@
 """Replays: OPT against a naive model of MIN, every policy at or below OPT, the pool's
-replay against a plain LRU model, and scratch pools that leave nothing behind."""
+replay against plain models of LRU and of the prefix policy, and scratch pools that
+leave nothing behind."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvcache
+from kvcache.config import PoolConfig
 from kvcache.errors import InvalidArgument
+from kvcache.keys import key_hash
+from kvcache.layout import Geometry
 from kvcache.policies import POLICIES
 from kvcache.simulate import (
     OPTIMAL,
@@ -128,7 +132,11 @@ def test_opt_reuses_exactly_what_min_does(requests, capacity):
 
 
 @settings(max_examples=25, deadline=None)
-@given(prompt_traffic(), st.integers(1, 12), st.sampled_from(["lru", "lfu", "fifo", "priority"]))
+@given(
+    prompt_traffic(),
+    st.integers(1, 12),
+    st.sampled_from(["lru", "lfu", "fifo", "priority", "prefix"]),
+)
 def test_no_policy_reuses_more_than_opt(requests, capacity, policy):
     trace = trace_of(requests)
     assert (
@@ -217,3 +225,71 @@ def test_policies_by_name():
     assert policies_named(["fifo", "lru", "opt"]) == ["lru", "fifo"]
     with pytest.raises(InvalidArgument, match="choose one of"):
         policies_named(["lru", "belady"])
+
+
+def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
+    """The ``prefix`` policy written plainly, with the pool's put semantics: prefix hits and
+    evictions (a victim's descendants count, as they go with it). Exact ranking: leaves
+    first, probation's leaves before them while it holds over 10% of the entries, then the
+    least recently used; an evicted key is remembered in a direct-mapped ghost table."""
+    config = PoolConfig.build(capacity * 1024, policy="prefix", page_size=1024)
+    mask = Geometry.for_config(config).index_slots - 1
+    parent: dict[int, int | None] = {}
+    last: dict[int, int] = {}
+    probation: dict[int, bool] = {}
+    ghosts: dict[int, int] = {}
+    clock = hits = evictions = 0
+
+    def low(block: int) -> int:
+        return key_hash(int(block).to_bytes(8, "little"))[0]
+
+    def subtree(block: int) -> list[int]:
+        below = [b for b in parent if parent[b] == block]
+        return [d for b in below for d in subtree(b)] + below
+
+    def rank(block: int) -> tuple[int, int]:
+        leaf = all(parent[b] != block for b in parent)
+        over = sum(probation.values()) > 0.1 * len(parent)
+        return (-leaf * (1 + (over and probation[block])), last[block])
+
+    def remove(block: int) -> int:
+        doomed = [*subtree(block), block]
+        for b in doomed:
+            del parent[b], last[b], probation[b]
+        return len(doomed)
+
+    for request in requests:
+        reused = 0
+        while reused < len(request) and request[reused] in parent:
+            clock += 1
+            last[request[reused]], probation[request[reused]] = clock, False
+            reused += 1
+        hits += reused
+        for position in range(reused, len(request)):
+            block = request[position]
+            if len(parent) >= capacity:
+                victim = min(parent, key=rank)
+                ghosts[low(victim) & mask] = low(victim)
+                evictions += remove(victim)
+            above = request[position - 1] if position else None
+            old = block in parent
+            if above is not None and (above not in parent or (old and above in subtree(block))):
+                continue  # declined: no lookup could reach it
+            recalled = ghosts.get(low(block) & mask) == low(block)
+            if recalled:
+                ghosts[low(block) & mask] = 0
+            children = [b for b in parent if parent[b] == block]
+            if old:
+                del parent[block], last[block], probation[block]
+            clock += 1
+            parent[block], last[block], probation[block] = above, clock, not recalled
+            for child in children:
+                parent[child] = block
+    return hits, evictions
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt_traffic(), st.integers(1, 12))
+def test_the_pool_replay_of_prefix_is_the_prefix_model(requests, capacity):
+    outcome = replay_pool(trace_of(requests), "prefix", capacity, eviction_samples=64)
+    assert (outcome.block_hits, outcome.evictions) == prefix_model(requests, capacity)

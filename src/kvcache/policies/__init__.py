@@ -17,6 +17,7 @@ from .base import RANKING_FIELDS, Policy, ScoreContext, rank_victims
 from .fifo import FIFO
 from .lfu import LFU
 from .lru import LRU
+from .prefix import Prefix
 from .priority import Priority
 from .size import Size
 from .ttl import TTL
@@ -28,7 +29,9 @@ put evicting 1 of 64 draws, 22 us with batches of 8, 21 us with 16; the
 trace-replay hit rate is unchanged (the best 16 of 1024 draws are as good
 victims as the best 1 of 64)."""
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size())}
+POLICIES: dict[str, Policy] = {
+    p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size(), Prefix())
+}
 
 
 def get_policy(name: str) -> Policy:

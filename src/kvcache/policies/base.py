@@ -25,6 +25,8 @@ class ScoreContext:
     clock: int  # the pool's logical clock (one tick per put and per hit)
     now_s: float  # wall-clock seconds, for expiry
     lfu_half_life: int  # clock ticks after which an idle LFU count halves
+    num_live: int = 0  # READY entries
+    num_probation: int = 0  # of them, on probation (``prefix``)
 
 
 Columns = Mapping[str, np.ndarray] | np.ndarray
@@ -34,11 +36,16 @@ RANKING_FIELDS = ("expires_at", "last_access")
 
 
 class Policy(Protocol):
-    """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score."""
+    """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score.
+
+    ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) and
+    probation for it.
+    """
 
     name: str
     summary: str
     fields: tuple[str, ...]
+    tracks_prefixes: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""

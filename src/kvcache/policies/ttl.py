@@ -11,6 +11,7 @@ class TTL:
     name = "ttl"
     summary = "soonest expiry first (no ttl = last); for time-bounded sessions"
     fields: tuple[str, ...] = ("expires_at",)
+    tracks_prefixes = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["expires_at"]

@@ -169,7 +169,8 @@ class PrefixCache:
             source.copy_tokens(index * size, (index + 1) * size, chunk)
             seal(buffer, self._head(index))
             # a memoryview, not the array, so that the pool stores plain bytes (no array header)
-            self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl)  # type: ignore[arg-type]
+            parent = keys[index - 1] if index else None  # the prefix it extends (policy ``prefix``)
+            self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl, parent=parent)  # type: ignore[arg-type]
             written += 1
         return written * size
 
