@@ -151,6 +151,31 @@ def test_size_evicts_the_largest(small_pool):
     assert "k3" not in survivors(pool) and len(pool) == 6
 
 
+def test_s3fifo_evicts_entries_never_read_first_while_probation_is_over_its_share(small_pool):
+    pool = small_pool("s3fifo")
+    fill(pool)
+    for i in (0, 1, 2, 3, 4, 5):
+        pool.get(f"k{i}")  # k6, k7 still on probation: 2 of 8, over 10%
+    pool.put("new", b"v")
+    assert "k6" not in survivors(pool)  # the oldest on probation, though k0 is less recent
+    pool.put("newer", b"v")  # probation: k7, new (2 of 8)
+    assert "k7" not in survivors(pool) and "k0" in survivors(pool)
+    pool.get("new")  # probation: newer alone, 1 of 8, still over 10%
+    pool.put("last", b"v")
+    assert "newer" not in survivors(pool)
+    pool.get("last")  # none on probation: least recently used first
+    pool.put("final", b"v")
+    assert "k0" not in survivors(pool)
+
+
+def test_s3fifo_recalls_keys_evicted_lately(small_pool):
+    pool = small_pool("s3fifo")
+    fill(pool, SLOTS + 1)  # k0 evicted, remembered
+    pool.put("k0", b"v")  # recalled: not on probation
+    assert pool.stats().evictions == 2
+    assert pool._views.entries["probation"][pool.locate("k0").eid] == 0
+
+
 def test_unknown_policy_lists_the_valid_names():
     with pytest.raises(InvalidArgument) as info:
         get_policy("mru")

@@ -177,8 +177,8 @@ class EvictionMixin:
 
     def _evict_one(self, eid: int) -> int:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes, and
-        remembering its key in the ghost table for the policy); how many entries went."""
-        if self._policy.tracks_prefixes:
+        remembering its key in the ghost table where it uses probation); how many went."""
+        if self._policy.uses_probation:
             lo = self._eq[eid * ENTRY_WORDS + E.hash_lo]
             self._views.ghost_q[lo & (self._views.geometry.index_slots - 1)] = lo
         removed = self._remove(eid)

@@ -159,6 +159,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
         self._num_pages = geometry.num_pages
         self._policy = get_policy(config.policy)
         self._tree = ChunkTree(views) if self._policy.tracks_prefixes else None
+        self._uses_probation = self._policy.uses_probation
         self._ghost_mask = geometry.index_slots - 1
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]
@@ -810,7 +811,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
         idle = clock - q[base + E.last_access]
         d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
         q[base + E.last_access] = clock
-        if q[base + E.probation]:  # read again: proven (always 0 but in prefix-tracking pools)
+        if q[base + E.probation]:  # read again: proven (0 unless the policy uses probation)
             q[base + E.probation] = 0
             h[H.num_probation] -= 1
         d[base + E.accessed_at] = self._clock()
@@ -955,9 +956,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             self._free_entry(eid)
             return False
         tree = self._tree
-        if tree is not None and not self._place(tree, eid, old, parent, history is not None):
+        if tree is not None and not self._place(tree, eid, old, parent):
             self._free_entry(eid)
             return False
+        if self._uses_probation:
+            self._admit(eid, restored=history is not None)
         if old >= 0:
             self._remove(old)
         clock = h[H.clock] + 1
@@ -977,27 +980,29 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             self._hd[H.next_expiry_at] = expires_at
         return True
 
-    def _place(
-        self, tree: ChunkTree, eid: int, old: int, parent_key: bytes | None, restored: bool
-    ) -> bool:
-        """Link a new chunk under its parent (taking over ``old``'s children) and set its
-        probation; False if the parent is not here, or is the chunk itself or below it."""
-        q = self._eq
+    def _place(self, tree: ChunkTree, eid: int, old: int, parent_key: bytes | None) -> bool:
+        """Link a new chunk under its parent, taking over ``old``'s children; False if the
+        parent is not here, or is the chunk itself or below it."""
         parent = -1 if parent_key is None else self._find(parent_key)
         if parent_key is not None and (parent < 0 or (old >= 0 and self._is_below(parent, old))):
             return False
         tree.link(eid, parent)
         if old >= 0:
             tree.adopt(eid, old)
-        base, lo = eid * ENTRY_WORDS, q[eid * ENTRY_WORDS + E.hash_lo]
+        return True
+
+    def _admit(self, eid: int, *, restored: bool) -> None:
+        """Put a new entry on probation, unless its key was evicted lately (the ghost table
+        remembers it: it was needed) or it is restored (it had proved itself)."""
+        base = eid * ENTRY_WORDS
+        lo = self._eq[base + E.hash_lo]
         ghosts, slot = self._views.ghost_q, lo & self._ghost_mask
         recalled = ghosts[slot] == lo
         if recalled:
             ghosts[slot] = 0
         probation = 0 if restored or recalled else 1
-        q[base + E.probation] = probation
+        self._eq[base + E.probation] = probation
         self._hq[H.num_probation] += probation
-        return True
 
     def _is_below(self, eid: int, ancestor: int) -> bool:
         """Whether ``eid`` is ``ancestor`` or one of its descendants (a walk up: O(depth))."""
@@ -1023,11 +1028,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
         doomed = [*tree.descendants(eid), eid]
         for each in doomed:
             tree.unlink(each)
-            self._hq[H.num_probation] -= self._eq[each * ENTRY_WORDS + E.probation]
             self._unindex(each)
         return len(doomed)
 
     def _unindex(self, eid: int) -> None:
+        self._hq[H.num_probation] -= self._eq[eid * ENTRY_WORDS + E.probation]
         self._index.remove(eid, self._eq[eid * ENTRY_WORDS + E.hash_lo])
         self._entries.remove_live(eid)
         self._free_entry(eid)

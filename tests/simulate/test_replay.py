@@ -1,5 +1,5 @@
 """Replays: OPT against a naive model of MIN, every policy at or below OPT, the pool's
-replay against plain models of LRU and of the prefix policy, and scratch pools that
+replay against plain models of LRU, S3-FIFO and the prefix policy, and scratch pools that
 leave nothing behind."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_opt_reuses_exactly_what_min_does(requests, capacity):
 @given(
     prompt_traffic(),
     st.integers(1, 12),
-    st.sampled_from(["lru", "lfu", "fifo", "priority", "prefix"]),
+    st.sampled_from(["lru", "lfu", "fifo", "priority", "s3fifo", "prefix"]),
 )
 def test_no_policy_reuses_more_than_opt(requests, capacity, policy):
     trace = trace_of(requests)
@@ -293,3 +293,50 @@ def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
 def test_the_pool_replay_of_prefix_is_the_prefix_model(requests, capacity):
     outcome = replay_pool(trace_of(requests), "prefix", capacity, eviction_samples=64)
     assert (outcome.block_hits, outcome.evictions) == prefix_model(requests, capacity)
+
+
+def s3fifo_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
+    """S3-FIFO written plainly, with the pool's put semantics: prefix hits and evictions.
+    Entries on probation (never read since put) go first, oldest first, while they are
+    over 10% of the entries; otherwise the least recently used; evicted keys are
+    remembered in a direct-mapped ghost table, and one put again skips probation."""
+    config = PoolConfig.build(capacity * 1024, policy="s3fifo", page_size=1024)
+    mask = Geometry.for_config(config).index_slots - 1
+    last: dict[int, int] = {}
+    probation: dict[int, bool] = {}
+    ghosts: dict[int, int] = {}
+    clock = hits = evictions = 0
+
+    def low(block: int) -> int:
+        return key_hash(int(block).to_bytes(8, "little"))[0]
+
+    def rank(block: int) -> tuple[int, int]:
+        over = sum(probation.values()) > 0.1 * len(last)
+        return (-(over and probation[block]), last[block])
+
+    for request in requests:
+        reused = 0
+        while reused < len(request) and request[reused] in last:
+            clock += 1
+            last[request[reused]], probation[request[reused]] = clock, False
+            reused += 1
+        hits += reused
+        for block in request[reused:]:
+            if len(last) >= capacity:
+                victim = min(last, key=rank)
+                ghosts[low(victim) & mask] = low(victim)
+                del last[victim], probation[victim]
+                evictions += 1
+            recalled = ghosts.get(low(block) & mask) == low(block)
+            if recalled:
+                ghosts[low(block) & mask] = 0
+            clock += 1
+            last[block], probation[block] = clock, not recalled
+    return hits, evictions
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt_traffic(), st.integers(1, 12))
+def test_the_pool_replay_of_s3fifo_is_the_s3fifo_model(requests, capacity):
+    outcome = replay_pool(trace_of(requests), "s3fifo", capacity, eviction_samples=64)
+    assert (outcome.block_hits, outcome.evictions) == s3fifo_model(requests, capacity)

@@ -19,6 +19,7 @@ from .lfu import LFU
 from .lru import LRU
 from .prefix import Prefix
 from .priority import Priority
+from .s3fifo import S3FIFO
 from .size import Size
 from .ttl import TTL
 
@@ -30,7 +31,7 @@ trace-replay hit rate is unchanged (the best 16 of 1024 draws are as good
 victims as the best 1 of 64)."""
 
 POLICIES: dict[str, Policy] = {
-    p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size(), Prefix())
+    p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size(), S3FIFO(), Prefix())
 }
 
 

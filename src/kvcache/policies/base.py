@@ -38,14 +38,16 @@ RANKING_FIELDS = ("expires_at", "last_access")
 class Policy(Protocol):
     """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score.
 
-    ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) and
-    probation for it.
+    ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
+    it. ``uses_probation``: the pool puts new entries on probation until their
+    first hit, unless the ghost table (keys evicted lately) recalls them.
     """
 
     name: str
     summary: str
     fields: tuple[str, ...]
     tracks_prefixes: bool
+    uses_probation: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""

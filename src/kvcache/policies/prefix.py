@@ -13,8 +13,10 @@ Three facts about prompt traffic drive it (README, "Choosing a policy"):
   (on the Mooncake trace: 42% of new chunks are reused, after a median 573
   requests; a chunk read twice is read again 84% of the time). New chunks
   start on probation; while probation holds more than ``PROBATION_SHARE``
-  of the entries, its oldest leaves go first (S3-FIFO's small queue), so
-  tails that are never reused do not flush what is.
+  (10%) of the entries, its oldest leaves go first (S3-FIFO's small queue),
+  so tails that are never reused do not flush what is. (A 30% share did no
+  better on the Mooncake trace, and worse on a synthetic conversation trace
+  at small capacities.)
 - The pool remembers the keys it evicted lately (a ghost table as large as
   its index): a chunk put again soon after its eviction was needed, and
   skips probation.
@@ -27,11 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Columns, ScoreContext
-
-PROBATION_SHARE = 0.1
-"""Probation's share of the entries above which its leaves are evicted first
-(S3-FIFO's 10%). On the Mooncake trace 0.3 did no better at 1-20% capacity,
-and it did worse on a synthetic conversation trace at small capacities."""
+from .s3fifo import PROBATION_SHARE
 
 
 class Prefix:
@@ -39,6 +37,7 @@ class Prefix:
     summary = "prompt chunks: leaves first, new chunks on probation; the best for PrefixCache pools"
     fields: tuple[str, ...] = ("first_child", "probation")
     tracks_prefixes = True
+    uses_probation = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         leaf = columns["first_child"] == 0
