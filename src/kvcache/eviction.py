@@ -179,8 +179,10 @@ class EvictionMixin:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes, and
         remembering its key in the ghost table where it uses probation); how many went."""
         if self._policy.uses_probation:
-            lo = self._eq[eid * ENTRY_WORDS + E.hash_lo]
-            self._views.ghost_q[lo & (self._views.geometry.index_slots - 1)] = lo
+            base = eid * ENTRY_WORDS
+            lo = self._eq[base + E.hash_lo]
+            slot = lo & (self._views.geometry.index_slots - 1)
+            self._views.ghost_q[slot] = (lo & ~1) | (self._eq[base + E.probation] != 0)
         removed = self._remove(eid)
         self._hq[H.evictions] += removed
         return removed
@@ -206,7 +208,12 @@ class EvictionMixin:
     def _score_context(self) -> ScoreContext:
         h = self._hq
         return ScoreContext(
-            h[H.clock], self._clock(), self.config.lfu_half_life, h[H.num_live], h[H.num_probation]
+            h[H.clock],
+            self._clock(),
+            self.config.lfu_half_life,
+            h[H.num_live],
+            h[H.num_probation],
+            h[H.probation_target],
         )
 
     def _tidy(self, *, force: bool) -> tuple[int, int]:

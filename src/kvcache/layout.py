@@ -20,7 +20,8 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               |                             |  0 = empty; open addressing
               +-----------------------------+
               | ghosts                      |  index_slots x int64: hash_lo of keys
-              |                             |  evicted lately (prefix policy), 0 = none
+              |                             |  evicted lately, its low bit set if the
+              |                             |  key was on probation; 0 = none
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -155,6 +156,7 @@ HEADER_DTYPE = np.dtype(
         # format 5: the ghost table (geometry) and the prefix policy's probation count
         ("ghost_offset", "<i8"),
         ("num_probation", "<i8"),  # READY entries on probation (stored, never hit since)
+        ("probation_target", "<i8"),  # arc: entries probation may hold before it goes first
     ]
 )
 

@@ -960,7 +960,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             self._free_entry(eid)
             return False
         if self._uses_probation:
-            self._admit(eid, restored=history is not None)
+            self._admit(eid, old, restored=history is not None)
         if old >= 0:
             self._remove(old)
         clock = h[H.clock] + 1
@@ -991,18 +991,34 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             tree.adopt(eid, old)
         return True
 
-    def _admit(self, eid: int, *, restored: bool) -> None:
-        """Put a new entry on probation, unless its key was evicted lately (the ghost table
-        remembers it: it was needed) or it is restored (it had proved itself)."""
-        base = eid * ENTRY_WORDS
-        lo = self._eq[base + E.hash_lo]
-        ghosts, slot = self._views.ghost_q, lo & self._ghost_mask
-        recalled = ghosts[slot] == lo
-        if recalled:
-            ghosts[slot] = 0
-        probation = 0 if restored or recalled else 1
-        self._eq[base + E.probation] = probation
+    def _admit(self, eid: int, old: int, *, restored: bool) -> None:
+        """Put a new entry on probation, unless it replaces ``old`` (it keeps its standing:
+        a prompt stored again after a gap must not demote the chunks it had cached), it is
+        restored (it had proved itself), or the ghost table recalls its key."""
+        q, base = self._eq, eid * ENTRY_WORDS
+        if old >= 0:
+            probation = q[old * ENTRY_WORDS + E.probation]
+        else:
+            probation = int(not restored and not self._recall(q[base + E.hash_lo]))
+        q[base + E.probation] = probation
         self._hq[H.num_probation] += probation
+
+    def _recall(self, lo: int) -> bool:
+        """Whether the key hashed ``lo`` was evicted lately (then forget it: it was needed).
+
+        A recall moves probation's target (``arc``) as ARC does: up one entry if the key
+        left probation (probation was too small), else down one.
+        """
+        ghosts, slot, h = self._views.ghost_q, lo & self._ghost_mask, self._hq
+        ghost = ghosts[slot]
+        if not ghost or (ghost ^ lo) & ~1:
+            return False
+        ghosts[slot] = 0
+        if ghost & 1:
+            h[H.probation_target] = min(h[H.probation_target] + 1, self.config.max_entries)
+        else:
+            h[H.probation_target] = max(h[H.probation_target] - 1, 0)
+        return True
 
     def _is_below(self, eid: int, ancestor: int) -> bool:
         """Whether ``eid`` is ``ancestor`` or one of its descendants (a walk up: O(depth))."""

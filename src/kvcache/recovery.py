@@ -301,6 +301,8 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["reserved_pages"] = reserved if fresh <= reserved <= g.num_pages else fresh
     # DESTROYED and REPLACED never reach here (the lock refuses them): anything else is damage
     wanted["retired"] = LIVE
+    target = h[H.probation_target]
+    wanted["probation_target"] = target if 0 <= target <= g.max_entries else 0
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():

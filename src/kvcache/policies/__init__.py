@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgument
+from .arc import ARC
 from .base import RANKING_FIELDS, Policy, ScoreContext, rank_victims
 from .fifo import FIFO
 from .lfu import LFU
@@ -31,7 +32,7 @@ trace-replay hit rate is unchanged (the best 16 of 1024 draws are as good
 victims as the best 1 of 64)."""
 
 POLICIES: dict[str, Policy] = {
-    p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size(), S3FIFO(), Prefix())
+    p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size(), S3FIFO(), ARC(), Prefix())
 }
 
 

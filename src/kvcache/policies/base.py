@@ -26,7 +26,8 @@ class ScoreContext:
     now_s: float  # wall-clock seconds, for expiry
     lfu_half_life: int  # clock ticks after which an idle LFU count halves
     num_live: int = 0  # READY entries
-    num_probation: int = 0  # of them, on probation (``prefix``)
+    num_probation: int = 0  # of them, on probation (policies that use it)
+    probation_target: int = 0  # how many probation may hold before it goes first (``arc``)
 
 
 Columns = Mapping[str, np.ndarray] | np.ndarray
