@@ -182,7 +182,12 @@ class EvictionMixin:
             base = eid * ENTRY_WORDS
             lo = self._eq[base + E.hash_lo]
             slot = lo & (self._views.geometry.index_slots - 1)
-            self._views.ghost_q[slot] = (lo & ~1) | (self._eq[base + E.probation] != 0)
+            ghosts, h = self._views.ghost_q, self._hq
+            if ghosts[slot]:  # forgotten, to make room
+                h[H.num_ghosts_probation if ghosts[slot] & 1 else H.num_ghosts_main] -= 1
+            on_probation = self._eq[base + E.probation] != 0
+            ghosts[slot] = (lo & ~1) | on_probation
+            h[H.num_ghosts_probation if on_probation else H.num_ghosts_main] += 1
         removed = self._remove(eid)
         self._hq[H.evictions] += removed
         return removed

@@ -157,6 +157,8 @@ HEADER_DTYPE = np.dtype(
         ("ghost_offset", "<i8"),
         ("num_probation", "<i8"),  # READY entries on probation (stored, never hit since)
         ("probation_target", "<i8"),  # arc: entries probation may hold before it goes first
+        ("num_ghosts_probation", "<i8"),  # ghost words of keys that left probation
+        ("num_ghosts_main", "<i8"),  # ghost words of the others
     ]
 )
 

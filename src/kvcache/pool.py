@@ -1006,18 +1006,24 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
     def _recall(self, lo: int) -> bool:
         """Whether the key hashed ``lo`` was evicted lately (then forget it: it was needed).
 
-        A recall moves probation's target (``arc``) as ARC does: up one entry if the key
-        left probation (probation was too small), else down one.
+        A recall moves probation's target as ARC does: up if the key left probation
+        (probation was too small), else down, by the ratio of the other kind of ghosts
+        to this kind (at least one entry).
         """
         ghosts, slot, h = self._views.ghost_q, lo & self._ghost_mask, self._hq
         ghost = ghosts[slot]
         if not ghost or (ghost ^ lo) & ~1:
             return False
         ghosts[slot] = 0
+        on_probation, main = h[H.num_ghosts_probation], h[H.num_ghosts_main]
         if ghost & 1:
-            h[H.probation_target] = min(h[H.probation_target] + 1, self.config.max_entries)
+            step = max(1, main // on_probation)
+            h[H.probation_target] = min(h[H.probation_target] + step, self.config.max_entries)
+            h[H.num_ghosts_probation] = on_probation - 1
         else:
-            h[H.probation_target] = max(h[H.probation_target] - 1, 0)
+            step = max(1, on_probation // main)
+            h[H.probation_target] = max(h[H.probation_target] - step, 0)
+            h[H.num_ghosts_main] = main - 1
         return True
 
     def _is_below(self, eid: int, ancestor: int) -> bool:

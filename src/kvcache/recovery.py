@@ -303,6 +303,9 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["retired"] = LIVE
     target = h[H.probation_target]
     wanted["probation_target"] = target if 0 <= target <= g.max_entries else 0
+    ghosts = np.frombuffer(parts.views.ghost_q, np.int64)
+    wanted["num_ghosts_probation"] = int(np.count_nonzero(ghosts & 1))
+    wanted["num_ghosts_main"] = int(np.count_nonzero(ghosts)) - wanted["num_ghosts_probation"]
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():

@@ -240,6 +240,9 @@ class GhostTable:
         low = _low(block)
         self.words[low & self.mask] = (low & ~1) | on_probation
 
+    def count(self, left_probation: bool) -> int:
+        return sum(1 for w in self.words.values() if w and bool(w & 1) == left_probation)
+
     def recall(self, block: int) -> bool | None:
         """None if ``block`` is not remembered; else forget it and say if it left probation."""
         low = _low(block)
@@ -257,13 +260,14 @@ def _low(block: int) -> int:
 def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
     """The ``prefix`` policy written plainly, with the pool's put semantics: prefix hits and
     evictions (a victim's descendants count, as they go with it). Exact ranking: leaves
-    first, probation's leaves before them while it holds over 10% of the entries, then the
-    least recently used; an evicted key is remembered in the ghost table."""
+    first, probation's leaves before them while it holds over max(10% of the entries,
+    ARC's target), then the least recently used; an evicted key is remembered in the
+    ghost table, and its recall moves the target as in ``arc_model``."""
     parent: dict[int, int | None] = {}
     last: dict[int, int] = {}
     probation: dict[int, bool] = {}
     ghosts = GhostTable("prefix", capacity)
-    clock = hits = evictions = 0
+    clock = hits = evictions = target = 0
 
     def subtree(block: int) -> list[int]:
         below = [b for b in parent if parent[b] == block]
@@ -271,7 +275,7 @@ def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
 
     def rank(block: int) -> tuple[int, int]:
         leaf = all(parent[b] != block for b in parent)
-        over = sum(probation.values()) > 0.1 * len(parent)
+        over = sum(probation.values()) > max(target, 0.1 * len(parent))
         return (-leaf * (1 + (over and probation[block])), last[block])
 
     def remove(block: int) -> int:
@@ -297,7 +301,16 @@ def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
             old = block in parent
             if above is not None and (above not in parent or (old and above in subtree(block))):
                 continue  # declined: no lookup could reach it
-            on_probation = probation[block] if old else ghosts.recall(block) is None
+            if old:
+                on_probation = probation[block]
+            else:
+                b1, b2 = ghosts.count(True), ghosts.count(False)
+                left_probation = ghosts.recall(block)
+                if left_probation:
+                    target = min(target + max(1, b2 // b1), capacity)
+                elif left_probation is not None:
+                    target = max(target - max(1, b1 // b2), 0)
+                on_probation = left_probation is None
             children = [b for b in parent if parent[b] == block]
             if old:
                 del parent[block], last[block], probation[block]
@@ -359,8 +372,9 @@ def test_the_pool_replay_of_s3fifo_is_the_s3fifo_model(requests, capacity):
 def arc_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
     """ARC written plainly, with the pool's put semantics: prefix hits and evictions.
     T1 (seen once) loses its least recently used while it holds more than the target p,
-    else T2 does; a key recalled from T1's ghosts raises p by one, from T2's lowers it,
-    and joins T2; a key stored again keeps its list."""
+    else T2 does; a key recalled from T1's ghosts raises p by max(1, |B2| / |B1|), from
+    T2's lowers it by max(1, |B1| / |B2|), and joins T2; a key stored again keeps its
+    list."""
     last: dict[int, int] = {}
     once: dict[int, bool] = {}  # True: in T1
     ghosts = GhostTable("arc", capacity)
@@ -386,9 +400,12 @@ def arc_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
             if block in last:  # stored again: it keeps its list
                 in_t1 = once[block]
             else:
+                b1, b2 = ghosts.count(True), ghosts.count(False)
                 left_t1 = ghosts.recall(block)
-                if left_t1 is not None:
-                    target = min(target + 1, capacity) if left_t1 else max(target - 1, 0)
+                if left_t1:
+                    target = min(target + max(1, b2 // b1), capacity)
+                elif left_t1 is not None:
+                    target = max(target - max(1, b1 // b2), 0)
                 in_t1 = left_t1 is None
             clock += 1
             last[block], once[block] = clock, in_t1

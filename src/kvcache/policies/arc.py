@@ -8,9 +8,9 @@ evicted means T1 was too small (p grows), one that T2 evicted means T2 was
 (p shrinks). A recalled key joins T2.
 
 Here the ghosts are the pool's direct-mapped ghost table (a key's slot keeps
-one bit for the list it left), p is the header's ``probation_target``, and
-it moves by one entry per recall rather than by the ghost lists' size ratio,
-which the table does not count.
+one bit for the list it left, and the header counts the words of each kind),
+and p is the header's ``probation_target``; a recall moves it by ARC's step,
+the ratio of the other list's ghosts to this one's (at least one entry).
 """
 
 from __future__ import annotations

@@ -12,14 +12,17 @@ Three facts about prompt traffic drive it (README, "Choosing a policy"):
   and a chunk's first reuse, if any, comes much later than its later ones
   (on the Mooncake trace: 42% of new chunks are reused, after a median 573
   requests; a chunk read twice is read again 84% of the time). New chunks
-  start on probation; while probation holds more than ``PROBATION_SHARE``
-  (10%) of the entries, its oldest leaves go first (S3-FIFO's small queue),
-  so tails that are never reused do not flush what is. (A 30% share did no
-  better on the Mooncake trace, and worse on a synthetic conversation trace
-  at small capacities.)
+  start on probation; while probation holds more than its share, its
+  oldest leaves go first (S3-FIFO's small queue), so tails that are never
+  reused do not flush what is.
 - The pool remembers the keys it evicted lately (a ghost table as large as
   its index): a chunk put again soon after its eviction was needed, and
-  skips probation.
+  skips probation. Where chunks are first reused soon (the next turn of a
+  conversation), recalls of chunks evicted from probation grow its share as
+  ARC grows its recency list (``arc``); it never drops below
+  ``PROBATION_SHARE`` (10%, S3-FIFO's). On the Mooncake trace a fixed 30%
+  did no better than 10%, and on a synthetic conversation trace a fixed 10%
+  lost to LRU at 10-20% capacity, which the adaptive share mostly recovers.
 
 Ties, and each class, go least recently used first.
 """
@@ -41,6 +44,6 @@ class Prefix:
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         leaf = columns["first_child"] == 0
-        if ctx.num_probation <= PROBATION_SHARE * ctx.num_live:
+        if ctx.num_probation <= max(ctx.probation_target, PROBATION_SHARE * ctx.num_live):
             return leaf.astype(np.float64)
         return leaf * (1.0 + (columns["probation"] != 0))
