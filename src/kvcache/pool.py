@@ -960,7 +960,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             self._free_entry(eid)
             return False
         if self._uses_probation:
-            self._admit(eid, old, restored=history is not None)
+            self._admit(eid, old, history)
         if old >= 0:
             self._remove(old)
         clock = h[H.clock] + 1
@@ -991,15 +991,18 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin):
             tree.adopt(eid, old)
         return True
 
-    def _admit(self, eid: int, old: int, *, restored: bool) -> None:
+    def _admit(self, eid: int, old: int, history: History | None) -> None:
         """Put a new entry on probation, unless it replaces ``old`` (it keeps its standing:
-        a prompt stored again after a gap must not demote the chunks it had cached), it is
-        restored (it had proved itself), or the ghost table recalls its key."""
+        a prompt stored again after a gap must not demote the chunks it had cached) or the
+        ghost table recalls its key. A restored entry (``history``) is on probation if it
+        was never read since its put (its last access is its creation)."""
         q, base = self._eq, eid * ENTRY_WORDS
         if old >= 0:
             probation = q[old * ENTRY_WORDS + E.probation]
+        elif history is not None:
+            probation = int(history[0] == history[1])
         else:
-            probation = int(not restored and not self._recall(q[base + E.hash_lo]))
+            probation = int(not self._recall(q[base + E.hash_lo]))
         q[base + E.probation] = probation
         self._hq[H.num_probation] += probation
 
