@@ -662,6 +662,8 @@ def section_scaling(settings: Settings) -> None:
 POLICY_PUT_OPTIONS: dict[str, Callable[[int], dict[str, object]]] = {
     "priority": lambda i: {"priority": i % 10},
     "ttl": lambda i: {"ttl": 3600 + i % 3600},
+    # prompts of 8 chunks, each chunk under the one before it (as PrefixCache stores them)
+    "prefix": lambda i: {"parent": f"key-{i - 1:09d}"} if i % 8 else {},
 }
 """What a put passes under policies that read a per-entry field; others pass nothing."""
 
@@ -764,7 +766,8 @@ def section_eviction(settings: Settings) -> None:
         policy_rows,
         [
             "priority puts pass priority=i%10; ttl puts pass ttl=1-2 h (none expire); "
-            "the others pass nothing."
+            "prefix puts pass parent=",
+            "the key put before (prompts of 8 chunks); the others pass nothing.",
         ],
     )
 
@@ -822,7 +825,8 @@ def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.
             "(ranks every entry on each eviction).",
             "opt = Belady's MIN (offline: knows the future), the ceiling of every policy.",
             "priority puts pass priority=-(block position in the prompt), with no aging; no ttl",
-            "is given and all values are equal, so ttl and size rank exactly as lru.",
+            "is given and all values are equal, so ttl and size rank exactly as lru; prefix",
+            "puts name the block before in the prompt as their parent.",
             *exact_lru_notes(runs, outcomes),
         ],
     )

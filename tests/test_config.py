@@ -96,7 +96,17 @@ def test_unknown_policy_lists_the_valid_names() -> None:
     assert isinstance(info.value, ValueError)
     for name in POLICIES:
         assert name in str(info.value)
-    assert set(POLICIES) == {"lru", "lfu", "fifo", "priority", "ttl", "size"}
+    assert set(POLICIES) == {
+        "lru",
+        "lfu",
+        "fifo",
+        "priority",
+        "ttl",
+        "size",
+        "s3fifo",
+        "arc",
+        "prefix",
+    }
 
 
 @pytest.mark.parametrize("policy", [None, 3, b"lru"])

@@ -12,6 +12,7 @@ import pytest
 
 import kvcache
 from kvcache import InvalidArgument
+from kvcache.layout import H
 from kvcache.policies import EVICTION_BATCH, POLICIES, get_policy
 
 PAGE = 1024
@@ -149,6 +150,55 @@ def test_size_evicts_the_largest(small_pool):
         pool.put(f"k{i}", b"v" * (100 if i != 3 else 2500))  # k3 takes 3 pages
     pool.put("new", b"v" * 1500)
     assert "k3" not in survivors(pool) and len(pool) == 6
+
+
+def test_s3fifo_evicts_entries_never_read_first_while_probation_is_over_its_share(small_pool):
+    pool = small_pool("s3fifo")
+    fill(pool)
+    for i in (0, 1, 2, 3, 4, 5):
+        pool.get(f"k{i}")  # k6, k7 still on probation: 2 of 8, over 10%
+    pool.put("new", b"v")
+    assert "k6" not in survivors(pool)  # the oldest on probation, though k0 is less recent
+    pool.put("newer", b"v")  # probation: k7, new (2 of 8)
+    assert "k7" not in survivors(pool) and "k0" in survivors(pool)
+    pool.get("new")  # probation: newer alone, 1 of 8, still over 10%
+    pool.put("last", b"v")
+    assert "newer" not in survivors(pool)
+    pool.get("last")  # none on probation: least recently used first
+    pool.put("final", b"v")
+    assert "k0" not in survivors(pool)
+
+
+def test_s3fifo_recalls_keys_evicted_lately(small_pool):
+    pool = small_pool("s3fifo")
+    fill(pool, SLOTS + 1)  # k0 evicted, remembered
+    pool.put("k0", b"v")  # recalled: not on probation
+    assert pool.stats().evictions == 2
+    assert pool._views.entries["probation"][pool.locate("k0").eid] == 0
+
+
+def test_a_key_stored_again_keeps_its_standing(small_pool):
+    pool = small_pool("s3fifo")
+    fill(pool)
+    pool.get("k0")  # proven
+    pool.put("k0", b"again")
+    assert pool._views.entries["probation"][pool.locate("k0").eid] == 0
+
+
+def test_arc_balances_probation_by_what_its_evictions_cost(small_pool):
+    pool = small_pool("arc")
+    fill(pool)  # all in T1 (seen once); target 0: T1 gives way first
+    pool.get("k7")  # in T2
+    pool.put("a", b"v")
+    assert "k0" not in survivors(pool)  # T1's least recent, though k7 is the only one in T2
+    pool.put("k0", b"v")  # recalled from T1's ghosts: target 1, and k0 joins T2
+    assert pool._hq[H.probation_target] == 1 and "k1" not in survivors(pool)
+    for key in ("k2", "k3", "k4", "k5", "k6", "a"):
+        pool.get(key)  # T1 empty, T2 all 8: T2 gives way
+    pool.put("b", b"v")
+    assert "k7" not in survivors(pool)  # T2's least recent
+    pool.put("k7", b"v")  # recalled from T2's ghosts: target back to 0
+    assert pool._hq[H.probation_target] == 0
 
 
 def test_unknown_policy_lists_the_valid_names():

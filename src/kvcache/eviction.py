@@ -95,7 +95,7 @@ class EvictionMixin:
     _rng: np.random.Generator
     _clock: Callable[[], float]
 
-    def _remove(self, eid: int) -> None:
+    def _remove(self, eid: int) -> int:
         raise NotImplementedError  # Pool's
 
     def _free_entry(self, eid: int) -> None:
@@ -141,10 +141,10 @@ class EvictionMixin:
                         self._eq[base + E.generation] == generation
                         and self._eq[base + E.state] == READY
                     ):
-                        freed += self._eq[base + E.num_pages]
-                        self._remove(eid)
-                        self._hq[H.evictions] += 1
-                        num_entries += 1
+                        used = self._hq[H.used_pages]
+                        removed = self._evict_one(eid)
+                        freed += used - self._hq[H.used_pages]
+                        num_entries += removed
         return EvictionResult(num_entries, num_expired, freed * self._page_size)
 
     def _make_room(self, num_pages: int, *, within_reserved: bool = False) -> None:
@@ -170,11 +170,27 @@ class EvictionMixin:
                 )
             for eid in victims.tolist():
                 if self._eq[eid * ENTRY_WORDS + E.state] != READY:
-                    continue  # drawn twice, and already evicted
-                self._remove(eid)
-                self._hq[H.evictions] += 1
+                    continue  # drawn twice, or gone with an evicted parent
+                self._evict_one(eid)
                 if exact and available() >= num_pages and entries.has_free_slot():
                     return
+
+    def _evict_one(self, eid: int) -> int:
+        """Evict a READY entry (with its descendants, where the policy tracks prefixes, and
+        remembering its key in the ghost table where it uses probation); how many went."""
+        if self._policy.uses_probation:
+            base = eid * ENTRY_WORDS
+            lo = self._eq[base + E.hash_lo]
+            slot = lo & (self._views.geometry.index_slots - 1)
+            ghosts, h = self._views.ghost_q, self._hq
+            if ghosts[slot]:  # forgotten, to make room
+                h[H.num_ghosts_probation if ghosts[slot] & 1 else H.num_ghosts_main] -= 1
+            on_probation = self._eq[base + E.probation] != 0
+            ghosts[slot] = (lo & ~1) | on_probation
+            h[H.num_ghosts_probation if on_probation else H.num_ghosts_main] += 1
+        removed = self._remove(eid)
+        self._hq[H.evictions] += removed
+        return removed
 
     def _choose_victims(self) -> tuple[np.ndarray, bool]:
         live = self._views.live[: self._hq[H.num_live]]
@@ -195,7 +211,15 @@ class EvictionMixin:
         return list(zip(ids[order].tolist(), records["generation"][order].tolist(), strict=True))
 
     def _score_context(self) -> ScoreContext:
-        return ScoreContext(self._hq[H.clock], self._clock(), self.config.lfu_half_life)
+        h = self._hq
+        return ScoreContext(
+            h[H.clock],
+            self._clock(),
+            self.config.lfu_half_life,
+            h[H.num_live],
+            h[H.num_probation],
+            h[H.probation_target],
+        )
 
     def _tidy(self, *, force: bool) -> tuple[int, int]:
         """Reclaim what no one can use any more: expired entries and dead writers' pages.
@@ -224,13 +248,15 @@ class EvictionMixin:
         records = self._views.entries[: self._hq[H.next_fresh_entry]]
         ready = records["state"] == READY
         expired = np.flatnonzero(ready & (records["expires_at"] <= now))
-        freed = int(records["num_pages"][expired].sum())
+        used, num_expired = self._hq[H.used_pages], 0
         for eid in expired.tolist():
-            self._remove(eid)
-        self._hq[H.expirations] += expired.size
+            if records["state"][eid] == READY:  # not gone with an expired parent
+                num_expired += self._remove(eid)
+        freed = used - self._hq[H.used_pages]
+        self._hq[H.expirations] += num_expired
         remaining = records["expires_at"][records["state"] == READY]
         self._hd[H.next_expiry_at] = float(remaining.min()) if remaining.size else math.inf
-        return freed, expired.size
+        return freed, num_expired
 
     def _reclaim_dead_writers(self) -> int:
         """Free WRITING entries whose writer died mid-copy; return how many."""

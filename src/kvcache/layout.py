@@ -11,13 +11,17 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               |                             |  time, pid namespace); each slot's
               |                             |  first byte carries its holder's lease
               +-----------------------------+
-              | entry table                 |  max_entries x 184-byte records
+              | entry table                 |  max_entries x 232-byte records
               +-----------------------------+
               | live list                   |  max_entries x int64: dense ids of
               |                             |  READY entries (eviction samples it)
               +-----------------------------+
               | key index                   |  index_slots x int64: entry id + 1,
               |                             |  0 = empty; open addressing
+              +-----------------------------+
+              | ghosts                      |  index_slots x int64: hash_lo of keys
+              |                             |  evicted lately, its low bit set if the
+              |                             |  key was on probation; 0 = none
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -47,17 +51,20 @@ from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
 FORMAT_VERSION = 5
-READABLE_VERSIONS = (3, 4, 5)
-"""5: the header names an access log (path, size cap, and a serial bumped by each
-switch; ``kvcache.accesslog``); zero in older headers, so they open with logging off.
+READABLE_VERSIONS = (5,)
+"""5: entries record their place in a prompt's chunk tree (parent, children,
+depth) and probation, and a ghost table remembers keys evicted lately, for the
+``prefix`` policy; the longer records move every region, so format-4 pools are
+refused (persist them with the kvcache that made them and restore here). The
+header also names an access log (path, size cap, and a serial bumped by each
+switch; ``kvcache.accesslog``).
 4: the header names a remote tier (URL, namespace, write mode, timeout, password
-file) and counts its traffic; those fields are zero in a format-3 header (they lie
-past its end, where a new header is zeros), so format-3 pools open as pools without
-a remote. 3: the header names a lower pool (``spill_to``, with its ``promote`` mode), counts
-spills and promotions, and says whether the last process closed the pool cleanly.
-2: entries name their writer by process slot (not pid) and carry a checksum over
-their flags, lengths and bytes, and wall-clock times; the header's ``retired`` word
-tells attached processes the pool was destroyed or replaced. 1 was the first."""
+file) and counts its traffic. 3: the header names a lower pool (``spill_to``,
+with its ``promote`` mode), counts spills and promotions, and says whether the
+last process closed the pool cleanly. 2: entries name their writer by process
+slot (not pid) and carry a checksum over their flags, lengths and bytes, and
+wall-clock times; the header's ``retired`` word tells attached processes the
+pool was destroyed or replaced. 1 was the first."""
 HEADER_BYTES = 4096
 ALIGN_BYTES = 4096
 
@@ -148,6 +155,12 @@ HEADER_DTYPE = np.dtype(
         ("remote_write_through", "<i8"),
         ("remote_timeout_s", "<f8"),
         *((f"remote_{name}", "<i8") for name in REMOTE_COUNTERS),
+        # format 5: the ghost table (geometry) and the prefix policy's probation count
+        ("ghost_offset", "<i8"),
+        ("num_probation", "<i8"),  # READY entries on probation (stored, never hit since)
+        ("probation_target", "<i8"),  # arc: entries probation may hold before it goes first
+        ("num_ghosts_probation", "<i8"),  # ghost words of keys that left probation
+        ("num_ghosts_main", "<i8"),  # ghost words of the others
         # the access log (format 5): switched at any time under the lock; empty = off
         ("access_log", "S256"),
         ("access_log_bytes", "<i8"),
@@ -180,6 +193,13 @@ ENTRY_DTYPE = np.dtype(
         ("checksum", "<i8"),  # xxh3-64 of key | value header | payload, set at publish
         ("live_pos", "<i8"),  # position in the live list, while READY
         ("next_free", "<i8"),  # next free entry id + 1, while FREE
+        # the chunk tree of prefix-tracking policies (ids + 1, 0 = none); see kvcache.tree
+        ("parent", "<i8"),  # the chunk before this one in its prompt
+        ("first_child", "<i8"),  # 0 = a leaf
+        ("next_sibling", "<i8"),
+        ("prev_sibling", "<i8"),
+        ("depth", "<i8"),  # chunks before this one in its prompt
+        ("probation", "<i8"),  # 1 from a put until the first hit (never, if evicted lately)
     ]
 )
 
@@ -247,6 +267,7 @@ class Geometry:
     entries_offset: int
     live_offset: int
     index_offset: int
+    ghost_offset: int
     page_next_offset: int
     data_offset: int
     total_bytes: int
@@ -259,7 +280,8 @@ class Geometry:
         entries = _align(procs + config.max_processes * PROC_DTYPE.itemsize)
         live = _align(entries + config.max_entries * ENTRY_DTYPE.itemsize)
         index = _align(live + config.max_entries * 8)
-        page_next = _align(index + index_slots * 8)
+        ghost = _align(index + index_slots * 8)
+        page_next = _align(ghost + index_slots * 8)
         data = _align(page_next + config.num_pages * 8)
         return cls(
             page_size_bytes=config.page_size_bytes,
@@ -271,6 +293,7 @@ class Geometry:
             entries_offset=entries,
             live_offset=live,
             index_offset=index,
+            ghost_offset=ghost,
             page_next_offset=page_next,
             data_offset=data,
             total_bytes=data + config.num_pages * config.page_size_bytes,
@@ -313,6 +336,7 @@ class Views:
         self.live = np.ndarray((g.max_entries,), np.int64, buffer=buffer, offset=g.live_offset)
         self.index_q = raw[g.index_offset : g.index_offset + g.index_slots * 8].cast("q")
         self.index = np.ndarray((g.index_slots,), np.int64, buffer=buffer, offset=g.index_offset)
+        self.ghost_q = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8].cast("q")
         self.page_next_q = raw[g.page_next_offset : g.page_next_offset + g.num_pages * 8].cast("q")
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset

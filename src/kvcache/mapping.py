@@ -152,7 +152,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
     def _is_ready(self, eid: int, generation: int) -> bool:
         raise NotImplementedError
 
-    def _remove(self, eid: int) -> None:
+    def _remove(self, eid: int) -> int:
         raise NotImplementedError
 
     def _key_of(self, eid: int) -> Key:
@@ -225,8 +225,7 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
             with self._lock:
                 for eid, generation in targets[start : start + EVICT_BATCH]:
                     if self._is_ready(eid, generation):
-                        self._remove(eid)
-                        num_removed += 1
+                        num_removed += self._remove(eid)
         return num_removed
 
     @reports_damage

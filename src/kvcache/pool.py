@@ -75,6 +75,7 @@ from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolStats
 from .stored import EntryRef, StoredEntry
 from .tiers import Below, TierMixin
+from .tree import ChunkTree
 from .units import parse_duration, whole_number
 
 INLINE_COPY_MAX_BYTES = 64 << 10
@@ -159,6 +160,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._page_size = geometry.page_size_bytes
         self._num_pages = geometry.num_pages
         self._policy = get_policy(config.policy)
+        self._tree = ChunkTree(views) if self._policy.tracks_prefixes else None
+        self._uses_probation = self._policy.uses_probation
+        self._ghost_mask = geometry.index_slots - 1
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]
         data_offset = self._data_offset = geometry.data_offset
@@ -202,7 +206,13 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     # ----------------------------------------------------------------- writes
 
     def put(
-        self, key: Key, value: Value, *, priority: int = 0, ttl: float | str | None = None
+        self,
+        key: Key,
+        value: Value,
+        *,
+        priority: int = 0,
+        ttl: float | str | None = None,
+        parent: Key | None = None,
     ) -> None:
         """Store ``value`` under ``key``, replacing any previous value, evicting as needed.
 
@@ -212,6 +222,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             priority: for the ``priority`` policy; lower is evicted first.
             ttl: seconds (or ``"10m"``) until the entry expires; default the
                 pool's ``default_ttl_s`` (never, unless configured).
+            parent: the key of the chunk before this one in its prompt, for
+                policies that track prefixes (``prefix``; others ignore it): the
+                entry goes with its parent, and if the parent is not (or no
+                longer) here, the value is not stored, since no prefix lookup
+                could reach it.
 
         Raises:
             ValueTooLargeError: key and value exceed the whole pool.
@@ -232,6 +247,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         ):
             raise InvalidArgument(f"priority must be a whole number, not {priority!r}")
         ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
+        parent_bytes = None if parent is None or self._tree is None else encode_key(parent)[0]
         expires_at = self._clock() + ttl_s if ttl_s else math.inf
         total = len(key_bytes) + len(encoded.header) + encoded.payload.nbytes
         self._refuse_too_large(total)
@@ -256,6 +272,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             expires_at,
             fill,
             under_lock=total <= INLINE_COPY_MAX_BYTES,
+            parent=parent_bytes,
         )
         if self._below is not None:
             self._forget_below(key)  # an older value below must never resurface
@@ -672,8 +689,10 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         under_lock: bool = False,
         replace: bool = True,
         evict_within_reserved: bool = True,
+        parent: bytes | None = None,
     ) -> bool:
-        """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused.
+        """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused
+        (or ``_publish`` declined).
 
         ``fill`` returns the checksum of what it wrote (``transfer.checksum``),
         or None to refuse the entry.
@@ -711,7 +730,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                     except BaseException:
                         self._free_entry(eid)
                         raise
-                    return self._finish(eid, checksum, history, replace)
+                    return self._finish(eid, checksum, history, replace, parent)
             try:
                 checksum = fill(targets)
             except BaseException:
@@ -725,18 +744,23 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                         f"an entry of pool '{self.name}' was reclaimed while this live process "
                         f"wrote it: {REPAIR_ADVICE}"
                     )
-                return self._finish(eid, checksum, history, replace)
+                return self._finish(eid, checksum, history, replace, parent)
         except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
             raise_as_damage(self.name, exc)
 
     def _finish(
-        self, eid: int, checksum: int | None, history: History | None, replace: bool
+        self,
+        eid: int,
+        checksum: int | None,
+        history: History | None,
+        replace: bool,
+        parent: bytes | None,
     ) -> bool:
         if checksum is None:
             self._free_entry(eid)
             return False
         self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
-        return self._publish(eid, history, replace=replace)
+        return self._publish(eid, history, replace=replace, parent=parent)
 
     # ------------------------------------------- internals (lock held by caller)
 
@@ -790,6 +814,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         idle = clock - q[base + E.last_access]
         d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
         q[base + E.last_access] = clock
+        if q[base + E.probation]:  # read again: proven (0 unless the policy uses probation)
+            q[base + E.probation] = 0
+            h[H.num_probation] -= 1
         d[base + E.accessed_at] = self._clock()
         return eid
 
@@ -904,14 +931,23 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         q[base + E.last_page] = last
         q[base + E.num_pages] = num_pages
         q[base + E.priority] = priority
+        q[base + E.probation] = 0
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self._slot, self._serial
         q[base + E.state] = WRITING
         return eid
 
-    def _publish(self, eid: int, history: History | None = None, *, replace: bool = True) -> bool:
+    def _publish(
+        self,
+        eid: int,
+        history: History | None = None,
+        *,
+        replace: bool = True,
+        parent: bytes | None = None,
+    ) -> bool:
         """Make a WRITING entry READY, replacing an older entry with the same key; whether it
-        was published (without ``replace``, an older entry stays and this one is freed).
+        was published (without ``replace``, an older entry stays and this one is freed;
+        with a ``parent`` key that is not here, in a prefix-tracking pool, it is freed too).
 
         ``history`` (created, last access, frequency) restores an entry's policy
         metadata from a snapshot; a fresh put starts at the current clock.
@@ -919,10 +955,16 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         q, d, h, base = self._eq, self._ed, self._hq, eid * ENTRY_WORDS
         lo = q[base + E.hash_lo]
         old = self._index.find(lo, q[base + E.hash_hi])
+        if old >= 0 and not replace:
+            self._free_entry(eid)
+            return False
+        tree = self._tree
+        if tree is not None and not self._place(tree, eid, old, parent):
+            self._free_entry(eid)
+            return False
+        if self._uses_probation:
+            self._admit(eid, old, history)
         if old >= 0:
-            if not replace:
-                self._free_entry(eid)
-                return False
             self._remove(old)
         clock = h[H.clock] + 1
         h[H.clock] = clock
@@ -941,13 +983,84 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._hd[H.next_expiry_at] = expires_at
         return True
 
+    def _place(self, tree: ChunkTree, eid: int, old: int, parent_key: bytes | None) -> bool:
+        """Link a new chunk under its parent, taking over ``old``'s children; False if the
+        parent is not here, or is the chunk itself or below it."""
+        parent = -1 if parent_key is None else self._find(parent_key)
+        if parent_key is not None and (parent < 0 or (old >= 0 and self._is_below(parent, old))):
+            return False
+        tree.link(eid, parent)
+        if old >= 0:
+            tree.adopt(eid, old)
+        return True
+
+    def _admit(self, eid: int, old: int, history: History | None) -> None:
+        """Put a new entry on probation, unless it replaces ``old`` (it keeps its standing:
+        a prompt stored again after a gap must not demote the chunks it had cached) or the
+        ghost table recalls its key. A restored entry (``history``) is on probation if it
+        was never read since its put (its last access is its creation)."""
+        q, base = self._eq, eid * ENTRY_WORDS
+        if old >= 0:
+            probation = q[old * ENTRY_WORDS + E.probation]
+        elif history is not None:
+            probation = int(history[0] == history[1])
+        else:
+            probation = int(not self._recall(q[base + E.hash_lo]))
+        q[base + E.probation] = probation
+        self._hq[H.num_probation] += probation
+
+    def _recall(self, lo: int) -> bool:
+        """Whether the key hashed ``lo`` was evicted lately (then forget it: it was needed).
+
+        A recall moves probation's target as ARC does: up if the key left probation
+        (probation was too small), else down, by the ratio of the other kind of ghosts
+        to this kind (at least one entry).
+        """
+        ghosts, slot, h = self._views.ghost_q, lo & self._ghost_mask, self._hq
+        ghost = ghosts[slot]
+        if not ghost or (ghost ^ lo) & ~1:
+            return False
+        ghosts[slot] = 0
+        on_probation, main = h[H.num_ghosts_probation], h[H.num_ghosts_main]
+        if ghost & 1:
+            step = max(1, main // on_probation)
+            h[H.probation_target] = min(h[H.probation_target] + step, self.config.max_entries)
+            h[H.num_ghosts_probation] = on_probation - 1
+        else:
+            step = max(1, on_probation // main)
+            h[H.probation_target] = max(h[H.probation_target] - step, 0)
+            h[H.num_ghosts_main] = main - 1
+        return True
+
+    def _is_below(self, eid: int, ancestor: int) -> bool:
+        """Whether ``eid`` is ``ancestor`` or one of its descendants (a walk up: O(depth))."""
+        q = self._eq
+        while eid != ancestor:
+            eid = q[eid * ENTRY_WORDS + E.parent] - 1
+            if eid < 0:
+                return False
+        return True
+
     def _drop_damaged(self, eid: int) -> None:
         """Remove a READY entry whose bytes no longer match their checksum."""
         self._remove(eid)
         self._hq[H.damaged] += 1
 
-    def _remove(self, eid: int) -> None:
-        """Unindex a READY entry and free its pages and slot."""
+    def _remove(self, eid: int) -> int:
+        """Unindex a READY entry and free its pages and slot, and in a prefix-tracking pool its
+        descendants' (unreachable without it), leaves first; how many entries went."""
+        tree = self._tree
+        if tree is None:
+            self._unindex(eid)
+            return 1
+        doomed = [*tree.descendants(eid), eid]
+        for each in doomed:
+            tree.unlink(each)
+            self._unindex(each)
+        return len(doomed)
+
+    def _unindex(self, eid: int) -> None:
+        self._hq[H.num_probation] -= self._eq[eid * ENTRY_WORDS + E.probation]
         self._index.remove(eid, self._eq[eid * ENTRY_WORDS + E.hash_lo])
         self._entries.remove_live(eid)
         self._free_entry(eid)

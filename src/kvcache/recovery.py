@@ -6,8 +6,9 @@ without trusting anything and reports every disagreement; ``rebuild``
 replaces them. Entries are dropped when they were half-written by a process
 that died, when their page chain leaves the pool or overlaps another entry's,
 when a newer entry has the same key (a crash between the two halves of a
-replace), or when a field that decides how their bytes are read is out of
-range (see ``kvcache.ranges``); out-of-range policy metadata (a last access
+replace), when the chunk before them in their prompt is gone (``kvcache.tree``),
+or when a field that decides how their bytes are read is out of range (see
+``kvcache.ranges``); out-of-range policy metadata (a last access
 beyond the clock, a use count that is not a number) is mended instead, and so
 are header words that every later put or get would trip over (a clock or
 counter about to overflow, a fresh-page watermark past the pool). The pool's
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ranges
+from . import ranges, tree
 from .allocator import PageAllocator, Run
 from .config import MAX_KEY_BYTES, PoolConfig
 from .entries import EntryTable
@@ -136,8 +137,43 @@ def _survey(parts: Parts) -> _Survey:
         survey.keep[eid] = True
         if eid in hashes:
             survey.ready.append(eid)
+    _survey_tree(v, runs, survey)
     _survey_header(parts, survey)
     return survey
+
+
+def _survey_tree(v: Views, runs: dict[int, list[Run]], survey: _Survey) -> None:
+    """Drop the READY entries whose parent chunk is not kept: no prefix lookup reaches them."""
+    lost = tree.stranded(v.entries, np.array(survey.ready, np.int64)).tolist()
+    for eid in lost:
+        survey.problems.append(f"entry {eid}: the chunk before it in its prompt is gone")
+        survey.keep[eid] = False
+        for start, count in runs[eid]:
+            survey.owned[start : start + count] = False
+    if lost:
+        gone = set(lost)
+        survey.ready = [eid for eid in survey.ready if eid not in gone]
+
+
+def _tree_problems(v: Views, ready: list[int]) -> list[str]:
+    """How the chunk tree's child lists and probation count disagree with the parent fields."""
+    q, children = v.entries_q, {eid: set[int]() for eid in ready}
+    for eid in ready:
+        parent = q[eid * ENTRY_WORDS + E.parent]
+        if parent:
+            children[parent - 1].add(eid)  # stranded entries were dropped: parent is ready
+    for eid, expected in children.items():
+        found: set[int] = set()
+        child = q[eid * ENTRY_WORDS + E.first_child]
+        while child and len(found) <= len(expected) and child - 1 not in found:
+            found.add(child - 1)
+            child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
+        if child or found != expected:
+            return [f"chunk tree: entry {eid}'s list of children does not match their parents"]
+    num_probation = int(np.count_nonzero(v.entries["probation"][ready]))
+    if v.header_q[H.num_probation] != num_probation:
+        return [f"probation counter is {v.header_q[H.num_probation]}, {num_probation} expected"]
+    return []
 
 
 def _clock(parts: Parts, candidates: np.ndarray) -> int:
@@ -265,6 +301,11 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["reserved_pages"] = reserved if fresh <= reserved <= g.num_pages else fresh
     # DESTROYED and REPLACED never reach here (the lock refuses them): anything else is damage
     wanted["retired"] = LIVE
+    target = h[H.probation_target]
+    wanted["probation_target"] = target if 0 <= target <= g.max_entries else 0
+    ghosts = np.frombuffer(parts.views.ghost_q, np.int64)
+    wanted["num_ghosts_probation"] = int(np.count_nonzero(ghosts & 1))
+    wanted["num_ghosts_main"] = int(np.count_nonzero(ghosts)) - wanted["num_ghosts_probation"]
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():
@@ -317,6 +358,7 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
             f"free pages counter is {h[H.num_free_pages]}, {len(expected_free)} expected"
         )
     problems += _index_problems(parts, survey.ready)
+    problems += _tree_problems(v, survey.ready)
     num_live = h[H.num_live]
     live = v.live[: max(0, min(num_live, v.geometry.max_entries))]
     if (
@@ -399,4 +441,7 @@ def rebuild(parts: Parts) -> None:
     parts.entries.rebuild(survey.keep)
     parts.allocator.rebuild(survey.owned)
     parts.index.rebuild(survey.ready)
+    ready = np.array(survey.ready, np.int64)
+    tree.rebuild(v.entries, ready)
+    h[H.num_probation] = int(np.count_nonzero(v.entries["probation"][ready]))
     v.header_d[H.next_expiry_at] = _earliest_expiry(v, survey.ready)

@@ -1,5 +1,6 @@
 """Replays: OPT against a naive model of MIN, every policy at or below OPT, the pool's
-replay against a plain LRU model, and scratch pools that leave nothing behind."""
+replay against plain models of LRU, S3-FIFO, ARC and the prefix policy, and scratch pools
+that leave nothing behind."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvcache
+from kvcache.config import PoolConfig
 from kvcache.errors import InvalidArgument
+from kvcache.keys import key_hash
+from kvcache.layout import Geometry
 from kvcache.policies import POLICIES
 from kvcache.simulate import (
     OPTIMAL,
@@ -128,7 +132,11 @@ def test_opt_reuses_exactly_what_min_does(requests, capacity):
 
 
 @settings(max_examples=25, deadline=None)
-@given(prompt_traffic(), st.integers(1, 12), st.sampled_from(["lru", "lfu", "fifo", "priority"]))
+@given(
+    prompt_traffic(),
+    st.integers(1, 12),
+    st.sampled_from(["lru", "lfu", "fifo", "priority", "s3fifo", "arc", "prefix"]),
+)
 def test_no_policy_reuses_more_than_opt(requests, capacity, policy):
     trace = trace_of(requests)
     assert (
@@ -217,3 +225,195 @@ def test_policies_by_name():
     assert policies_named(["fifo", "lru", "opt"]) == ["lru", "fifo"]
     with pytest.raises(InvalidArgument, match="choose one of"):
         policies_named(["lru", "belady"])
+
+
+class GhostTable:
+    """The pool's ghost table: per slot (low bits of a key's hash) the last key evicted
+    there, its low bit set if that key left probation."""
+
+    def __init__(self, policy: str, capacity: int) -> None:
+        config = PoolConfig.build(capacity * 1024, policy=policy, page_size=1024)
+        self.mask = Geometry.for_config(config).index_slots - 1
+        self.words: dict[int, int] = {}
+
+    def remember(self, block: int, on_probation: bool) -> None:
+        low = _low(block)
+        self.words[low & self.mask] = (low & ~1) | on_probation
+
+    def count(self, left_probation: bool) -> int:
+        return sum(1 for w in self.words.values() if w and bool(w & 1) == left_probation)
+
+    def recall(self, block: int) -> bool | None:
+        """None if ``block`` is not remembered; else forget it and say if it left probation."""
+        low = _low(block)
+        word = self.words.get(low & self.mask, 0)
+        if not word or (word ^ low) & ~1:
+            return None
+        self.words[low & self.mask] = 0
+        return bool(word & 1)
+
+
+def _low(block: int) -> int:
+    return key_hash(int(block).to_bytes(8, "little"))[0]
+
+
+def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
+    """The ``prefix`` policy written plainly, with the pool's put semantics: prefix hits and
+    evictions (a victim's descendants count, as they go with it). Exact ranking: leaves
+    first, probation's leaves before them while it holds over max(10% of the entries,
+    ARC's target), then the least recently used; an evicted key is remembered in the
+    ghost table, and its recall moves the target as in ``arc_model``."""
+    parent: dict[int, int | None] = {}
+    last: dict[int, int] = {}
+    probation: dict[int, bool] = {}
+    ghosts = GhostTable("prefix", capacity)
+    clock = hits = evictions = target = 0
+
+    def subtree(block: int) -> list[int]:
+        below = [b for b in parent if parent[b] == block]
+        return [d for b in below for d in subtree(b)] + below
+
+    def rank(block: int) -> tuple[int, int]:
+        leaf = all(parent[b] != block for b in parent)
+        over = sum(probation.values()) > max(target, 0.1 * len(parent))
+        return (-leaf * (1 + (over and probation[block])), last[block])
+
+    def remove(block: int) -> int:
+        doomed = [*subtree(block), block]
+        for b in doomed:
+            del parent[b], last[b], probation[b]
+        return len(doomed)
+
+    for request in requests:
+        reused = 0
+        while reused < len(request) and request[reused] in parent:
+            clock += 1
+            last[request[reused]], probation[request[reused]] = clock, False
+            reused += 1
+        hits += reused
+        for position in range(reused, len(request)):
+            block = request[position]
+            if len(parent) >= capacity:
+                victim = min(parent, key=rank)
+                ghosts.remember(victim, probation[victim])
+                evictions += remove(victim)
+            above = request[position - 1] if position else None
+            old = block in parent
+            if above is not None and (above not in parent or (old and above in subtree(block))):
+                continue  # declined: no lookup could reach it
+            if old:
+                on_probation = probation[block]
+            else:
+                b1, b2 = ghosts.count(True), ghosts.count(False)
+                left_probation = ghosts.recall(block)
+                if left_probation:
+                    target = min(target + max(1, b2 // b1), capacity)
+                elif left_probation is not None:
+                    target = max(target - max(1, b1 // b2), 0)
+                on_probation = left_probation is None
+            children = [b for b in parent if parent[b] == block]
+            if old:
+                del parent[block], last[block], probation[block]
+            clock += 1
+            parent[block], last[block], probation[block] = above, clock, on_probation
+            for child in children:
+                parent[child] = block
+    return hits, evictions
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt_traffic(), st.integers(1, 12))
+def test_the_pool_replay_of_prefix_is_the_prefix_model(requests, capacity):
+    outcome = replay_pool(trace_of(requests), "prefix", capacity, eviction_samples=64)
+    assert (outcome.block_hits, outcome.evictions) == prefix_model(requests, capacity)
+
+
+def s3fifo_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
+    """S3-FIFO written plainly, with the pool's put semantics: prefix hits and evictions.
+    Entries on probation (never read since put) go first, oldest first, while they are
+    over 10% of the entries; otherwise the least recently used; evicted keys are
+    remembered in the ghost table, and one put again skips probation; a key stored
+    again keeps its standing."""
+    last: dict[int, int] = {}
+    probation: dict[int, bool] = {}
+    ghosts = GhostTable("s3fifo", capacity)
+    clock = hits = evictions = 0
+
+    def rank(block: int) -> tuple[int, int]:
+        over = sum(probation.values()) > 0.1 * len(last)
+        return (-(over and probation[block]), last[block])
+
+    for request in requests:
+        reused = 0
+        while reused < len(request) and request[reused] in last:
+            clock += 1
+            last[request[reused]], probation[request[reused]] = clock, False
+            reused += 1
+        hits += reused
+        for block in request[reused:]:
+            if len(last) >= capacity:
+                victim = min(last, key=rank)
+                ghosts.remember(victim, probation[victim])
+                del last[victim], probation[victim]
+                evictions += 1
+            on_probation = probation[block] if block in last else ghosts.recall(block) is None
+            clock += 1
+            last[block], probation[block] = clock, on_probation
+    return hits, evictions
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt_traffic(), st.integers(1, 12))
+def test_the_pool_replay_of_s3fifo_is_the_s3fifo_model(requests, capacity):
+    outcome = replay_pool(trace_of(requests), "s3fifo", capacity, eviction_samples=64)
+    assert (outcome.block_hits, outcome.evictions) == s3fifo_model(requests, capacity)
+
+
+def arc_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
+    """ARC written plainly, with the pool's put semantics: prefix hits and evictions.
+    T1 (seen once) loses its least recently used while it holds more than the target p,
+    else T2 does; a key recalled from T1's ghosts raises p by max(1, |B2| / |B1|), from
+    T2's lowers it by max(1, |B1| / |B2|), and joins T2; a key stored again keeps its
+    list."""
+    last: dict[int, int] = {}
+    once: dict[int, bool] = {}  # True: in T1
+    ghosts = GhostTable("arc", capacity)
+    clock = hits = evictions = target = 0
+
+    def rank(block: int) -> tuple[bool, int]:
+        t1_first = sum(once.values()) > target
+        return (once[block] != t1_first, last[block])
+
+    for request in requests:
+        reused = 0
+        while reused < len(request) and request[reused] in last:
+            clock += 1
+            last[request[reused]], once[request[reused]] = clock, False
+            reused += 1
+        hits += reused
+        for block in request[reused:]:
+            if len(last) >= capacity:
+                victim = min(last, key=rank)
+                ghosts.remember(victim, once[victim])
+                del last[victim], once[victim]
+                evictions += 1
+            if block in last:  # stored again: it keeps its list
+                in_t1 = once[block]
+            else:
+                b1, b2 = ghosts.count(True), ghosts.count(False)
+                left_t1 = ghosts.recall(block)
+                if left_t1:
+                    target = min(target + max(1, b2 // b1), capacity)
+                elif left_t1 is not None:
+                    target = max(target - max(1, b1 // b2), 0)
+                in_t1 = left_t1 is None
+            clock += 1
+            last[block], once[block] = clock, in_t1
+    return hits, evictions
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt_traffic(), st.integers(1, 12))
+def test_the_pool_replay_of_arc_is_the_arc_model(requests, capacity):
+    outcome = replay_pool(trace_of(requests), "arc", capacity, eviction_samples=64)
+    assert (outcome.block_hits, outcome.evictions) == arc_model(requests, capacity)

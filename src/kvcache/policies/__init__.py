@@ -6,6 +6,11 @@ expiry-first and tie-breaking are shared in ``base``. The pool asks
 memory. Pools with more live entries than their ``eviction_samples`` score a
 random sample per eviction (as Redis does), so the cost of a put does not grow
 with the pool; smaller pools, and explicit ``Pool.evict``, rank every entry.
+
+A policy may ask the pool for two more things, kept in the segment:
+``tracks_prefixes`` (the chunk tree of ``kvcache.tree``: ``prefix``) and
+``uses_probation`` (new entries on probation until read, and a ghost table of
+keys evicted lately: ``s3fifo``, ``arc``, ``prefix``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgument
+from .arc import ARC
 from .base import RANKING_FIELDS, Policy, ScoreContext, rank_victims
 from .fifo import FIFO
 from .lfu import LFU
 from .lru import LRU
+from .prefix import Prefix
 from .priority import Priority
+from .s3fifo import S3FIFO
 from .size import Size
 from .ttl import TTL
 
@@ -28,7 +36,9 @@ put evicting 1 of 64 draws, 22 us with batches of 8, 21 us with 16; the
 trace-replay hit rate is unchanged (the best 16 of 1024 draws are as good
 victims as the best 1 of 64)."""
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size())}
+POLICIES: dict[str, Policy] = {
+    p.name: p for p in (LRU(), LFU(), FIFO(), Priority(), TTL(), Size(), S3FIFO(), ARC(), Prefix())
+}
 
 
 def get_policy(name: str) -> Policy:

@@ -25,6 +25,9 @@ class ScoreContext:
     clock: int  # the pool's logical clock (one tick per put and per hit)
     now_s: float  # wall-clock seconds, for expiry
     lfu_half_life: int  # clock ticks after which an idle LFU count halves
+    num_live: int = 0  # READY entries
+    num_probation: int = 0  # of them, on probation (policies that use it)
+    probation_target: int = 0  # how many probation may hold before it goes first (``arc``)
 
 
 Columns = Mapping[str, np.ndarray] | np.ndarray
@@ -34,11 +37,18 @@ RANKING_FIELDS = ("expires_at", "last_access")
 
 
 class Policy(Protocol):
-    """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score."""
+    """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score.
+
+    ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
+    it. ``uses_probation``: the pool puts new entries on probation until their
+    first hit, unless the ghost table (keys evicted lately) recalls them.
+    """
 
     name: str
     summary: str
     fields: tuple[str, ...]
+    tracks_prefixes: bool
+    uses_probation: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""

@@ -11,6 +11,8 @@ class FIFO:
     name = "fifo"
     summary = "oldest insert first; cheapest, for streams that are rarely reused"
     fields: tuple[str, ...] = ("created",)
+    tracks_prefixes = False
+    uses_probation = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["created"].astype(np.float64)

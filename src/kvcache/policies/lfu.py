@@ -16,6 +16,8 @@ class LFU:
     name = "lfu"
     summary = "least frequently used first (counts age); keeps shared system prompts hot"
     fields: tuple[str, ...] = ("freq", "last_access")
+    tracks_prefixes = False
+    uses_probation = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -decayed_frequency(columns, ctx)

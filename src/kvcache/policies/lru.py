@@ -11,6 +11,8 @@ class LRU:
     name = "lru"
     summary = "least recently used first; the safe default for chat and agent traffic"
     fields: tuple[str, ...] = ("last_access",)
+    tracks_prefixes = False
+    uses_probation = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["last_access"].astype(np.float64)

@@ -11,6 +11,8 @@ class Priority:
     name = "priority"
     summary = "lowest put(priority=...) first, then least recent; pin what you rank high"
     fields: tuple[str, ...] = ("priority",)
+    tracks_prefixes = False
+    uses_probation = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["priority"].astype(np.float64)

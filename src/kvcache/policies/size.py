@@ -11,6 +11,8 @@ class Size:
     name = "size"
     summary = "largest first; keeps many small prefixes instead of a few long ones"
     fields: tuple[str, ...] = ("num_pages",)
+    tracks_prefixes = False
+    uses_probation = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return columns["num_pages"].astype(np.float64)

@@ -11,6 +11,8 @@ class TTL:
     name = "ttl"
     summary = "soonest expiry first (no ttl = last); for time-bounded sessions"
     fields: tuple[str, ...] = ("expires_at",)
+    tracks_prefixes = False
+    uses_probation = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["expires_at"]

@@ -175,14 +175,15 @@ class PrefixCache:
             source.copy_tokens(index * size, (index + 1) * size, chunk)
             seal(buffer, self._head(index))
             # a memoryview, not the array, so that the pool stores plain bytes (no array header)
-            self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl)  # type: ignore[arg-type]
+            parent = keys[index - 1] if index else None  # the prefix it extends (policy ``prefix``)
+            self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl, parent=parent)  # type: ignore[arg-type]
             written.append(index)
         access_log = self.pool.access_log
         if written and access_log is not None:
             first = written[0]
-            parent = chunk_id(keys[first - 1]) if first else 0
+            parent_id = chunk_id(keys[first - 1]) if first else 0
             stored = [keys[index] for index in written]
-            access_log.write(self._logged("store", stored, parent=parent, depth=first))
+            access_log.write(self._logged("store", stored, parent=parent_id, depth=first))
         return len(written) * size
 
     def __repr__(self) -> str:

@@ -10,7 +10,8 @@ the count of equal blocks, not their size.
 
 A request reads its blocks in order until the first miss (``get_into``: the
 cached leading run is what a prefix cache reuses), then stores every block
-from there on, as ``PrefixCache.store`` does.
+from there on, as ``PrefixCache.store`` does, naming the block before it as
+its parent for policies that track prefixes (a block id names its prefix).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..config import PoolConfig
 from ..lifecycle import create_from_config, discard
+from ..policies import get_policy
 from .outcome import Outcome, tally
 from .traces import Trace
 
@@ -35,7 +37,8 @@ def replay_pool(
     """Replay ``trace`` through a scratch pool of ``capacity_blocks`` blocks under ``policy``.
 
     ``priority`` pools get ``priority=-position`` (a block deeper in a prompt
-    is shared by fewer prompts); other policies get no per-put arguments.
+    is shared by fewer prompts), prefix-tracking ones (``prefix``) each block's
+    ``parent``; other policies get no per-put arguments.
     """
     config = PoolConfig.build(
         capacity_blocks * PAGE_BYTES,
@@ -46,7 +49,12 @@ def replay_pool(
     pool = create_from_config("simulate", config, rng=np.random.default_rng(0), hidden=True)
     try:
         started = time.perf_counter()
-        reused, evictions = _replay(pool, trace, by_position=policy == "priority")
+        reused, evictions = _replay(
+            pool,
+            trace,
+            by_position=policy == "priority",
+            with_parents=get_policy(policy).tracks_prefixes,
+        )
         seconds = time.perf_counter() - started
     finally:
         pool.close()
@@ -54,7 +62,9 @@ def replay_pool(
     return tally(trace, policy, capacity_blocks, reused, evictions, seconds)
 
 
-def _replay(pool: object, trace: Trace, by_position: bool) -> tuple[np.ndarray, int]:
+def _replay(
+    pool: object, trace: Trace, by_position: bool, with_parents: bool
+) -> tuple[np.ndarray, int]:
     keys = trace.blocks.astype("<u8").tobytes()
     starts = trace.starts.tolist()
     value, buffer = bytes(VALUE_BYTES), bytearray(VALUE_BYTES)
@@ -70,6 +80,8 @@ def _replay(pool: object, trace: Trace, by_position: bool) -> tuple[np.ndarray, 
             key = keys[position * KEY_BYTES : (position + 1) * KEY_BYTES]
             if by_position:
                 put(key, value, priority=first - position)
+            elif with_parents and position > first:
+                put(key, value, parent=keys[(position - 1) * KEY_BYTES : position * KEY_BYTES])
             else:
                 put(key, value)
     return reused, pool.stats().evictions  # type: ignore[attr-defined]

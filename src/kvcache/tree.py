@@ -1,0 +1,121 @@
+"""The chunk tree of prefix-tracking pools: each chunk's parent, children and depth.
+
+A prompt's chunk i+1 is reachable only through chunk i (a prefix lookup stops
+at the first missing chunk), so a chunk whose parent is gone only takes room.
+Pools whose policy tracks prefixes (``prefix``) link each chunk put with a
+``parent`` into a tree kept in the entry records, so that removing a chunk
+removes its descendants with it and the policy can tell leaves from chunks
+other prompts build on. Links are entry ids + 1 (0 = none)::
+
+    parent.first_child -> child -> next_sibling -> child -> 0
+                          0 <- prev_sibling <-      (each child's parent: parent)
+
+Every operation here is O(1) but ``descendants`` and ``adopt`` (O(what they
+return or move)); the caller holds the pool lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import ENTRY_WORDS, E, Views
+
+LINK_FIELDS = ("parent", "first_child", "next_sibling", "prev_sibling")
+
+
+class ChunkTree:
+    """Parent/child links over a pool's entry table."""
+
+    def __init__(self, views: Views) -> None:
+        self._q = views.entries_q
+
+    def link(self, eid: int, parent: int) -> None:
+        """Make ``eid`` (fresh, unlinked) the first child of ``parent`` (-1: a root)."""
+        q, base = self._q, eid * ENTRY_WORDS
+        q[base + E.first_child] = q[base + E.prev_sibling] = 0
+        q[base + E.parent] = parent + 1
+        if parent < 0:
+            q[base + E.next_sibling] = q[base + E.depth] = 0
+            return
+        pbase = parent * ENTRY_WORDS
+        q[base + E.depth] = q[pbase + E.depth] + 1
+        head = q[pbase + E.first_child]
+        q[base + E.next_sibling] = head
+        if head:
+            q[(head - 1) * ENTRY_WORDS + E.prev_sibling] = eid + 1
+        q[pbase + E.first_child] = eid + 1
+
+    def unlink(self, eid: int) -> None:
+        """Take ``eid`` out of its parent's children (its own children stay its)."""
+        q, base = self._q, eid * ENTRY_WORDS
+        prev, after = q[base + E.prev_sibling], q[base + E.next_sibling]
+        if prev:
+            q[(prev - 1) * ENTRY_WORDS + E.next_sibling] = after
+        elif q[base + E.parent]:
+            q[(q[base + E.parent] - 1) * ENTRY_WORDS + E.first_child] = after
+        if after:
+            q[(after - 1) * ENTRY_WORDS + E.prev_sibling] = prev
+        q[base + E.parent] = q[base + E.prev_sibling] = q[base + E.next_sibling] = 0
+
+    def adopt(self, eid: int, old: int) -> None:
+        """Give ``old``'s children to ``eid``, a new entry replacing it under the same key."""
+        q = self._q
+        child = q[old * ENTRY_WORDS + E.first_child]
+        q[eid * ENTRY_WORDS + E.first_child] = child
+        q[old * ENTRY_WORDS + E.first_child] = 0
+        while child:
+            q[(child - 1) * ENTRY_WORDS + E.parent] = eid + 1
+            child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
+
+    def descendants(self, eid: int) -> list[int]:
+        """Every chunk below ``eid``, children after their own descendants (safe to remove
+        in this order, leaves first)."""
+        q, order, stack = self._q, [], [eid]
+        while stack:
+            child = q[stack.pop() * ENTRY_WORDS + E.first_child]
+            while child:
+                order.append(child - 1)
+                stack.append(child - 1)
+                child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
+        return order[::-1]
+
+
+def stranded(records: np.ndarray, ready: np.ndarray) -> np.ndarray:
+    """Of the ``ready`` ids, those whose parent (or an ancestor's) is not among them (repair).
+
+    Args:
+        records: the whole entry table.
+    """
+    kept = np.zeros(records.size, bool)
+    kept[ready] = True
+    lost_all = [ready[:0]]
+    while True:
+        parents = records["parent"][ready]
+        in_table = (parents >= 0) & (parents <= records.size)
+        ok = (parents == 0) | (in_table & kept[np.clip(parents - 1, 0, records.size - 1)])
+        lost = ready[~ok]
+        if not lost.size:
+            return np.concatenate(lost_all)
+        kept[lost] = False
+        lost_all.append(lost)
+        ready = ready[ok]
+
+
+def rebuild(records: np.ndarray, ready: np.ndarray) -> None:
+    """Relink children and siblings from the ``ready`` ids' parent fields (repair), which
+    ``stranded`` found sound; every other slot is unlinked."""
+    links = {name: np.zeros(records.size, np.int64) for name in LINK_FIELDS}
+    parents = records["parent"][ready]
+    links["parent"][ready] = parents
+    heads: dict[int, int] = {}
+    for eid, parent in zip(ready.tolist(), parents.tolist(), strict=True):
+        if parent:
+            after = heads.get(parent, 0)
+            links["next_sibling"][eid] = after
+            if after:
+                links["prev_sibling"][after - 1] = eid + 1
+            heads[parent] = eid + 1
+    for parent, head in heads.items():
+        links["first_child"][parent - 1] = head
+    for name, values in links.items():
+        records[name] = values

@@ -1,0 +1,181 @@
+"""The ``prefix`` policy and the chunk tree it keeps: leaves first, descendants go with
+their chunk (eviction, delete, expiry, repair), a chunk whose parent is gone is not
+stored, probation and ghosts; PrefixCache names each chunk's parent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import KVLayout, PrefixCache
+from kvcache.layout import ENTRY_WORDS, E, H
+
+PAGE = 1024
+SLOTS = 8
+
+
+@pytest.fixture
+def prefix_pool(make_pool, clock):
+    def make(slots: int = SLOTS, **kwargs):
+        return make_pool(size=slots * PAGE, page_size=PAGE, policy="prefix", clock=clock, **kwargs)
+
+    return make
+
+
+def put_prompt(pool, prompt: str, **kwargs) -> None:
+    """Store the chunks of ``prompt`` ("a/b/c": chunks "a", "a/b", "a/b/c"), each under
+    the one before it, as PrefixCache.store does."""
+    parts = prompt.split("/")
+    for end in range(1, len(parts) + 1):
+        parent = "/".join(parts[: end - 1]) or None
+        pool.put("/".join(parts[:end]), b"v" * 100, parent=parent, **kwargs)
+
+
+def stranded(pool) -> list[str]:
+    """Chunks whose parent chunk is not in the pool (keys name their whole prefix)."""
+    keys = set(pool.keys())
+    return [k for k in keys if "/" in k and k.rsplit("/", 1)[0] not in keys]
+
+
+def test_leaves_go_before_the_chunks_they_extend(prefix_pool):
+    pool = prefix_pool()
+    put_prompt(pool, "sys/a/b/c")  # sys is the least recently used, but others build on it
+    put_prompt(pool, "x/y")
+    put_prompt(pool, "z")
+    pool.get("z")  # proven: probation leaves go first
+    pool.put("w", b"v", parent=None)
+    pool.put("q", b"v", parent=None)
+    assert set(pool.keys()) == {"sys", "sys/a", "sys/a/b", "x", "x/y", "z", "w", "q"}
+    assert pool.stats().evictions == 1  # sys/a/b/c, the oldest leaf on probation
+
+
+def test_probation_leaves_go_first_while_probation_is_over_its_share(prefix_pool):
+    pool = prefix_pool()
+    for i in range(SLOTS):
+        pool.put(f"k{i}", b"v")
+    for i in range(1, SLOTS):
+        pool.get(f"k{i}")  # k0 alone on probation: 1 of 8 is over 10%
+    pool.get("k0")  # now none: plain LRU among leaves
+    pool.put("new", b"v")
+    assert "k1" not in pool and "k0" in pool
+    pool.put("newer", b"v")  # "new" is on probation (1 of 8): the oldest probation leaf
+    assert "new" not in pool and "k2" in pool
+
+
+def test_a_chunk_whose_parent_is_not_here_is_not_stored(prefix_pool):
+    pool = prefix_pool()
+    pool.put("a/b", b"v", parent="a")
+    assert "a/b" not in pool and len(pool) == 0
+
+
+def test_removing_a_chunk_removes_every_chunk_below_it(prefix_pool, clock):
+    pool = prefix_pool()
+    put_prompt(pool, "a/b/c")
+    put_prompt(pool, "a/b/d")
+    pool.put("a/e", b"v", parent="a", ttl=10)
+    pool.put("a/e/f", b"v", parent="a/e")
+    pool.delete("a/b")
+    assert set(pool.keys()) == {"a", "a/e", "a/e/f"}
+    clock.advance(11)
+    assert pool.evict(expired=True).num_expired == 2  # a/e/f goes with it
+    put_prompt(pool, "r/s/t")
+    assert pool.clear() == 4  # a, r, r/s, r/s/t
+    assert pool.check() == []
+
+
+def test_a_chunk_put_again_keeps_its_children(prefix_pool):
+    pool = prefix_pool()
+    put_prompt(pool, "a/b/c")
+    pool.put("a/b", b"new", parent="a")
+    assert pool["a/b"] == b"new" and "a/b/c" in pool
+    pool.delete("a/b")
+    assert set(pool.keys()) == {"a"}
+    assert pool.check() == []
+
+
+def test_a_chunk_cannot_become_its_own_descendant(prefix_pool):
+    pool = prefix_pool()
+    put_prompt(pool, "a/b")
+    pool.put("a", b"v", parent="a/b")  # declined: it would cut a cycle out of the tree
+    assert set(pool.keys()) == {"a", "a/b"}
+    assert pool.check() == []
+
+
+def test_a_key_evicted_lately_skips_probation(prefix_pool):
+    pool = prefix_pool()
+    for i in range(SLOTS + 1):
+        pool.put(f"k{i}", b"v")  # k0 evicted, remembered
+    assert "k0" not in pool
+    pool.put("k0", b"v")
+    probation = pool._views.entries["probation"]
+    assert probation[pool.locate("k0").eid] == 0 and pool._hq[H.num_probation] == SLOTS - 1
+
+
+def test_other_policies_ignore_parents(make_pool):
+    pool = make_pool(size=SLOTS * PAGE, page_size=PAGE, policy="lru")
+    pool.put("a/b", b"v", parent="a")
+    assert "a/b" in pool
+
+
+def test_no_chunk_is_stranded_in_a_churned_sampled_pool(prefix_pool):
+    """More entries than eviction samples: victims are sampled, inner chunks among them."""
+    pool = prefix_pool(slots=300, eviction_samples=8)
+    rng = np.random.default_rng(5)
+    prompts: list[str] = []
+    for i in range(1500):
+        if prompts and rng.random() < 0.6:
+            base = prompts[rng.integers(len(prompts))].split("/")
+            prompt = "/".join([*base[: rng.integers(1, len(base) + 1)], f"t{i}"])
+        else:
+            prompt = "/".join(f"s{i}-{j}" for j in range(rng.integers(1, 6)))
+        prompts.append(prompt)
+        put_prompt(pool, prompt)
+        if i % 7 == 0:
+            pool.delete(prompts[rng.integers(len(prompts))].rsplit("/", 1)[0])
+        assert stranded(pool) == [], i
+    assert pool.stats().evictions > 1000
+    assert pool.check() == []
+
+
+def test_repair_drops_chunks_whose_parent_is_gone(prefix_pool):
+    pool = prefix_pool()
+    put_prompt(pool, "a/b/c")
+    put_prompt(pool, "x")
+    eid = pool.locate("a").eid
+    q = pool._views.entries_q
+    # a crash mid-removal: "a" freed, its descendants still READY
+    pool._index.remove(eid, q[eid * ENTRY_WORDS + E.hash_lo])
+    pool._entries.remove_live(eid)
+    pool._free_entry(eid)
+    problems = pool.check()
+    assert any("the chunk before it in its prompt is gone" in p for p in problems)
+    pool.check(repair=True)
+    assert set(pool.keys()) == {"x"} and pool.check() == []
+
+
+def test_repair_relinks_a_damaged_child_list(prefix_pool):
+    pool = prefix_pool()
+    put_prompt(pool, "a/b")
+    put_prompt(pool, "a/c")
+    pool._views.entries_q[pool.locate("a").eid * ENTRY_WORDS + E.first_child] = 0
+    assert any("list of children" in p for p in pool.check())
+    pool.check(repair=True)
+    assert pool.check() == []
+    pool.delete("a")
+    assert len(pool) == 0
+
+
+def test_prefix_cache_chunks_go_with_the_first(make_pool):
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
+    cache = PrefixCache(make_pool(policy="prefix"), "m", layout, chunk_tokens=4)
+    tokens = list(range(16))
+    kv = np.ones((1, 2, 1, 16, 4), np.float32)
+    assert cache.store(tokens, kv) == 16
+    assert cache.lookup(tokens) == 16
+    cache.pool.delete(cache.chunk_keys(tokens)[0])
+    assert len(cache.pool) == 0
+
+
+def test_the_prefix_policy_is_listed():
+    assert "prefix" in kvcache.policies.POLICIES
