@@ -73,7 +73,9 @@ def test_a_damaged_chunk_in_redis_cuts_the_prefix_there(hosts, redis_server):
     assert n % CHUNK == 0 and n < 8 * CHUNK
     np.testing.assert_array_equal(kv, KV[:, :, :, :n])
     pc_b.pool.remote.flush()
-    assert client.exists(victim) == 0 and pc_b.pool.remote_stats().damaged == 1
+    # >= 1: a chunk read again before the queued delete reached Redis is found damaged again
+    # (and again not served)
+    assert client.exists(victim) == 0 and pc_b.pool.remote_stats().damaged >= 1
 
 
 def test_store_on_a_host_that_finds_the_prefix_remotely_writes_only_the_rest(hosts):
