@@ -243,9 +243,14 @@ class Bench:
                 raise RuntimeError(f"pool {pool.name} evicted: the figures would include demotions")
 
     def close(self) -> None:
+        """Empty the server, close the clients and destroy the pools."""
+        with contextlib.suppress(Exception):
+            self.plain.flushall()
         self.plain.close()
         self.wt.close()
         self.reader.close()
+        for pool in (self.wt, self.reader):
+            kvcache.destroy(pool.name)
 
     def calls(self, pool: kvcache.Pool) -> int:
         stats = pool.remote_stats()
@@ -374,11 +379,7 @@ def throughput(url: str, sizes: Sequence[tuple[int, int]], rounds: int, judge: b
                 rows.append(throughput_row(size, count, plain, right, judge))
             rows.append([""] * 11)
         finally:
-            with contextlib.suppress(Exception):
-                bench.plain.flushall()
             bench.close()
-            for pool in (bench.wt, bench.reader):
-                kvcache.destroy(pool.name)
     notes.append(
         "ratio: median over rounds of plain time / kvcache time in the same round; best: "
         "best time vs best time; trips: round trips kvcache made per batch (plain: 1, or N)"
@@ -601,11 +602,7 @@ def profile(url: str, args: argparse.Namespace) -> None:
 
                 profile_table(f"profile: {fmt_size(size)} {label}", *profiled(batches))
         finally:
-            with contextlib.suppress(Exception):
-                bench.plain.flushall()
             bench.close()
-            for pool in (bench.wt, bench.reader):
-                kvcache.destroy(pool.name)
 
 
 # ------------------------------------------------------------------ main
