@@ -216,6 +216,35 @@ def test_header_word_out_of_range_is_reported_and_mended(tmp_path, field, value,
         assert_repaired(pool, tmp_path)
 
 
+@pytest.mark.parametrize("policy", ["arc", "prefix"])
+@pytest.mark.parametrize("child", [257, 2**40, -5])
+def test_bug_a_child_link_out_of_range_broke_check(tmp_path, policy, child) -> None:
+    """CI's fuzz found it: a damaged first_child word made check() index past the entry
+    table (IndexError) instead of reporting the tree as damaged."""
+    with damaged_pool(policy) as pool:
+        pool._eq[0 * ENTRY_WORDS + E.first_child] = child
+        assert any("chunk tree" in p for p in pool.check())
+        assert_repaired(pool, tmp_path)
+
+
+@pytest.mark.parametrize("operation", ["delete", "replace"])
+def test_bug_a_loop_in_a_child_list_hung_delete_and_replace(tmp_path, operation) -> None:
+    """The fuzz found it: a sibling link pointing back made the walk over a chunk's
+    descendants (delete, eviction) or children (a put replacing a chunk) run forever."""
+    with damaged_pool("prefix") as pool:
+        pool.put("root", b"r" * 100)
+        for leaf in ("a", "b"):
+            pool.put(leaf, b"l" * 100, parent="root")
+        eid = pool._find(b"a")
+        pool._eq[eid * ENTRY_WORDS + E.next_sibling] = eid + 1  # "a" is its own next sibling
+        with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
+            if operation == "delete":
+                pool.delete("root")
+            else:
+                pool.put("root", b"R" * 100)
+        assert_repaired(pool, tmp_path)
+
+
 def test_text_key_that_is_not_utf8_is_dropped_by_repair() -> None:
     """The key's bytes and checksum are rewritten together (as a writer that
     means it would): only the meaning of the key can tell it is wrong."""

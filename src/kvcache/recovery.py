@@ -166,6 +166,8 @@ def _tree_problems(v: Views, ready: list[int]) -> list[str]:
         found: set[int] = set()
         child = q[eid * ENTRY_WORDS + E.first_child]
         while child and len(found) <= len(expected) and child - 1 not in found:
+            if child - 1 not in expected:  # out of range, not ready, or another's: damaged
+                break
             found.add(child - 1)
             child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
         if child or found != expected:

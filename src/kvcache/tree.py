@@ -11,13 +11,17 @@ other prompts build on. Links are entry ids + 1 (0 = none)::
                           0 <- prev_sibling <-      (each child's parent: parent)
 
 Every operation here is O(1) but ``descendants`` and ``adopt`` (O(what they
-return or move)); the caller holds the pool lock.
+return or move)); the caller holds the pool lock. Every link followed is
+checked to name an entry slot, and every walk is bounded by the table's size,
+so damaged links (a cycle, an id past the table) are a ``CorruptPoolError``,
+never a hang or a write elsewhere.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .errors import corrupt
 from .layout import ENTRY_WORDS, E, Views
 
 LINK_FIELDS = ("parent", "first_child", "next_sibling", "prev_sibling")
@@ -28,6 +32,13 @@ class ChunkTree:
 
     def __init__(self, views: Views) -> None:
         self._q = views.entries_q
+        self._limit = len(views.entries)
+
+    def _id(self, link: int) -> int:
+        """The entry a nonzero link names, checked to be a slot of the table."""
+        if not 0 < link <= self._limit:
+            raise corrupt(f"chunk tree link {link} is outside the entry table")
+        return link - 1
 
     def link(self, eid: int, parent: int) -> None:
         """Make ``eid`` (fresh, unlinked) the first child of ``parent`` (-1: a root)."""
@@ -42,7 +53,7 @@ class ChunkTree:
         head = q[pbase + E.first_child]
         q[base + E.next_sibling] = head
         if head:
-            q[(head - 1) * ENTRY_WORDS + E.prev_sibling] = eid + 1
+            q[self._id(head) * ENTRY_WORDS + E.prev_sibling] = eid + 1
         q[pbase + E.first_child] = eid + 1
 
     def unlink(self, eid: int) -> None:
@@ -50,11 +61,11 @@ class ChunkTree:
         q, base = self._q, eid * ENTRY_WORDS
         prev, after = q[base + E.prev_sibling], q[base + E.next_sibling]
         if prev:
-            q[(prev - 1) * ENTRY_WORDS + E.next_sibling] = after
+            q[self._id(prev) * ENTRY_WORDS + E.next_sibling] = after
         elif q[base + E.parent]:
-            q[(q[base + E.parent] - 1) * ENTRY_WORDS + E.first_child] = after
+            q[self._id(q[base + E.parent]) * ENTRY_WORDS + E.first_child] = after
         if after:
-            q[(after - 1) * ENTRY_WORDS + E.prev_sibling] = prev
+            q[self._id(after) * ENTRY_WORDS + E.prev_sibling] = prev
         q[base + E.parent] = q[base + E.prev_sibling] = q[base + E.next_sibling] = 0
 
     def adopt(self, eid: int, old: int) -> None:
@@ -63,9 +74,12 @@ class ChunkTree:
         child = q[old * ENTRY_WORDS + E.first_child]
         q[eid * ENTRY_WORDS + E.first_child] = child
         q[old * ENTRY_WORDS + E.first_child] = 0
-        while child:
-            q[(child - 1) * ENTRY_WORDS + E.parent] = eid + 1
+        for _ in range(self._limit + 1):
+            if not child:
+                return
+            q[self._id(child) * ENTRY_WORDS + E.parent] = eid + 1
             child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
+        raise corrupt("chunk tree: a list of children loops")
 
     def descendants(self, eid: int) -> list[int]:
         """Every chunk below ``eid``, children after their own descendants (safe to remove
@@ -74,7 +88,9 @@ class ChunkTree:
         while stack:
             child = q[stack.pop() * ENTRY_WORDS + E.first_child]
             while child:
-                order.append(child - 1)
+                order.append(self._id(child))
+                if len(order) > self._limit:
+                    raise corrupt("chunk tree: a chunk is its own descendant")
                 stack.append(child - 1)
                 child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
         return order[::-1]
