@@ -245,6 +245,19 @@ def test_bug_a_loop_in_a_child_list_hung_delete_and_replace(tmp_path, operation)
         assert_repaired(pool, tmp_path)
 
 
+def test_bug_a_parent_link_in_a_pool_without_a_tree_stranded_later(tmp_path) -> None:
+    """The fuzz found it: repair relinked a damaged parent word in an lru/ttl pool, whose
+    deletes do not cascade, so a later delete of the 'parent' left a stranded entry."""
+    with damaged_pool("ttl") as pool:
+        eids = sorted(pool._find(key.encode()) for key in ("small", "array"))
+        pool._eq[eids[1] * ENTRY_WORDS + E.parent] = eids[0] + 1
+        assert any("parent is set in a pool that keeps no chunk tree" in p for p in pool.check())
+        pool.check(repair=True)
+        assert pool._eq[eids[1] * ENTRY_WORDS + E.parent] == 0
+        pool.clear()
+        assert pool.check() == []
+
+
 def test_text_key_that_is_not_utf8_is_dropped_by_repair() -> None:
     """The key's bytes and checksum are rewritten together (as a writer that
     means it would): only the meaning of the key can tell it is wrong."""

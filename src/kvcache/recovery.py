@@ -56,6 +56,7 @@ from .layout import (
     Views,
     write_header,
 )
+from .policies import get_policy
 from .procs import ProcessTable
 from .ranges import MAX_VALUE_HEADER_BYTES
 
@@ -137,14 +138,24 @@ def _survey(parts: Parts) -> _Survey:
         survey.keep[eid] = True
         if eid in hashes:
             survey.ready.append(eid)
-    _survey_tree(v, runs, survey)
+    _survey_tree(v, runs, survey, get_policy(parts.config.policy).tracks_prefixes)
     _survey_header(parts, survey)
     return survey
 
 
-def _survey_tree(v: Views, runs: dict[int, list[Run]], survey: _Survey) -> None:
-    """Drop the READY entries whose parent chunk is not kept: no prefix lookup reaches them."""
-    lost = tree.stranded(v.entries, np.array(survey.ready, np.int64)).tolist()
+def _survey_tree(
+    v: Views, runs: dict[int, list[Run]], survey: _Survey, tracks_prefixes: bool
+) -> None:
+    """Drop the READY entries whose parent chunk is not kept: no prefix lookup reaches them.
+    In a pool whose policy keeps no chunk tree, a link is damage: mended to none (its
+    deletes would not cascade, so a kept link would strand later)."""
+    ready = np.array(survey.ready, np.int64)
+    if not tracks_prefixes:
+        for name in tree.LINK_FIELDS:
+            for eid in ready[v.entries[name][ready] != 0].tolist():
+                survey.mend(eid, name, 0, f"{name} is set in a pool that keeps no chunk tree")
+        return
+    lost = tree.stranded(v.entries, ready).tolist()
     for eid in lost:
         survey.problems.append(f"entry {eid}: the chunk before it in its prompt is gone")
         survey.keep[eid] = False
@@ -160,8 +171,10 @@ def _tree_problems(v: Views, ready: list[int]) -> list[str]:
     q, children = v.entries_q, {eid: set[int]() for eid in ready}
     for eid in ready:
         parent = q[eid * ENTRY_WORDS + E.parent]
-        if parent:
-            children[parent - 1].add(eid)  # stranded entries were dropped: parent is ready
+        # stranded entries were dropped, so a parent is ready; in a pool without a chunk
+        # tree, the survey already reported (and mends) any link
+        if parent and parent - 1 in children:
+            children[parent - 1].add(eid)
     for eid, expected in children.items():
         found: set[int] = set()
         child = q[eid * ENTRY_WORDS + E.first_child]
