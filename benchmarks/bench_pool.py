@@ -85,13 +85,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import kvcache
-from kvcache import simulate as sim
 from kvcache.policies import EVICTION_BATCH, POLICIES
+
+if TYPE_CHECKING:  # imported where used: bench_versions runs this module over older kvcache
+    from kvcache import simulate as sim
 
 SEED = 1234
 KiB, MiB = 1 << 10, 1 << 20
@@ -782,6 +784,8 @@ EXACT_LRU_MAX_CAPACITY = 8192
 def section_trace(path: Path, settings: Settings) -> None:
     """The trace replayed through real pools by ``kvcache.simulate`` (what ``cortex cache
     simulate`` runs), every policy at every capacity, beside OPT."""
+    from kvcache import simulate as sim
+
     if not path.is_file():
         print(f"\n4. Eviction quality: skipped, no trace at {path} (pass --trace PATH)")
         return
@@ -798,6 +802,8 @@ def section_trace(path: Path, settings: Settings) -> None:
 
 
 def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.Outcome]) -> None:
+    from kvcache import simulate as sim
+
     ceilings = {o.capacity_blocks: o for o in outcomes if o.policy == sim.OPTIMAL}
     rows: list[list[object]] = []
     for capacity in sorted(ceilings):
@@ -833,6 +839,8 @@ def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.
 
 
 def trace_row(trace: sim.Trace, run: sim.Run, o: sim.Outcome, ceiling: sim.Outcome) -> list[object]:
+    from kvcache import simulate as sim
+
     if o.capacity_blocks == trace.num_distinct:
         capacity = "unbounded"
     else:
@@ -851,6 +859,7 @@ def trace_row(trace: sim.Trace, run: sim.Run, o: sim.Outcome, ceiling: sim.Outco
 
 
 def exact_lru_notes(runs: list[sim.Run], outcomes: list[sim.Outcome]) -> list[str]:
+
     lru = {
         (r.capacity_blocks, r.eviction_samples >= r.capacity_blocks): o
         for r, o in zip(runs, outcomes, strict=True)
