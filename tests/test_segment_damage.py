@@ -258,6 +258,19 @@ def test_bug_a_parent_link_in_a_pool_without_a_tree_stranded_later(tmp_path) -> 
         assert pool.check() == []
 
 
+def test_a_loop_in_parent_links_is_damage_not_a_hang(tmp_path) -> None:
+    """Replacing a chunk walks up from its new parent (is it below the chunk?): bounded."""
+    with damaged_pool("prefix") as pool:
+        pool.put("r", b"r" * 100)
+        for key, parent in (("a", "r"), ("c", "a"), ("b", "r")):
+            pool.put(key, b"v" * 100, parent=parent)
+        a, c = pool._find(b"a"), pool._find(b"c")
+        pool._eq[a * ENTRY_WORDS + E.parent] = c + 1  # a -> c -> a ...
+        with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
+            pool.put("b", b"w" * 100, parent="a")
+        assert_repaired(pool, tmp_path)
+
+
 def test_text_key_that_is_not_utf8_is_dropped_by_repair() -> None:
     """The key's bytes and checksum are rewritten together (as a writer that
     means it would): only the meaning of the key can tell it is wrong."""

@@ -94,6 +94,7 @@ class EvictionMixin:
     _page_size: int
     _rng: np.random.Generator
     _clock: Callable[[], float]
+    _ghost_mask: int  # Pool's: the ghost table's slot of a key hash is ``lo & mask``
 
     def _remove(self, eid: int) -> int:
         raise NotImplementedError  # Pool's
@@ -181,7 +182,7 @@ class EvictionMixin:
         if self._policy.uses_probation:
             base = eid * ENTRY_WORDS
             lo = self._eq[base + E.hash_lo]
-            slot = lo & (self._views.geometry.index_slots - 1)
+            slot = lo & self._ghost_mask
             ghosts, h = self._views.ghost_q, self._hq
             if ghosts[slot]:  # forgotten, to make room
                 h[H.num_ghosts_probation if ghosts[slot] & 1 else H.num_ghosts_main] -= 1

@@ -987,7 +987,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         """Link a new chunk under its parent, taking over ``old``'s children; False if the
         parent is not here, or is the chunk itself or below it."""
         parent = -1 if parent_key is None else self._find(parent_key)
-        if parent_key is not None and (parent < 0 or (old >= 0 and self._is_below(parent, old))):
+        if parent_key is not None and (parent < 0 or (old >= 0 and tree.is_below(parent, old))):
             return False
         tree.link(eid, parent)
         if old >= 0:
@@ -1030,15 +1030,6 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             step = max(1, on_probation // main)
             h[H.probation_target] = max(h[H.probation_target] - step, 0)
             h[H.num_ghosts_main] = main - 1
-        return True
-
-    def _is_below(self, eid: int, ancestor: int) -> bool:
-        """Whether ``eid`` is ``ancestor`` or one of its descendants (a walk up: O(depth))."""
-        q = self._eq
-        while eid != ancestor:
-            eid = q[eid * ENTRY_WORDS + E.parent] - 1
-            if eid < 0:
-                return False
         return True
 
     def _drop_damaged(self, eid: int) -> None:

@@ -81,6 +81,18 @@ class ChunkTree:
             child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
         raise corrupt("chunk tree: a list of children loops")
 
+    def is_below(self, eid: int, ancestor: int) -> bool:
+        """Whether ``eid`` is ``ancestor`` or one of its descendants (a walk up: O(depth))."""
+        q = self._q
+        for _ in range(self._limit + 1):
+            if eid == ancestor:
+                return True
+            parent = q[eid * ENTRY_WORDS + E.parent]
+            if not parent:
+                return False
+            eid = self._id(parent)
+        raise corrupt("chunk tree: a chunk is its own ancestor")
+
     def descendants(self, eid: int) -> list[int]:
         """Every chunk below ``eid``, children after their own descendants (safe to remove
         in this order, leaves first)."""
