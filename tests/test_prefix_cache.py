@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import kvcache
 from kvcache import InvalidArgument, KVLayout, PrefixCache, ValueTooLargeError
+from kvcache.prefix import fetch
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
 CHUNK = 4
@@ -24,6 +26,19 @@ def make_kv(tokens: int, layout: KVLayout = LAYOUT, seed: int = 0) -> np.ndarray
     if layout.dtype == "bfloat16":
         return rng.integers(0, 1 << 16, shape, dtype=np.uint16)
     return rng.standard_normal(shape).astype(layout.storage_dtype)
+
+
+@pytest.fixture(autouse=True, params=["in-order", "parallel"])
+def fetch_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test both ways: chunk by chunk, and by the parallel path of many-core hosts
+    (forced here, with real threads, whatever this machine's cores and the chunk size)."""
+    if request.param == "in-order":
+        yield
+        return
+    with ThreadPoolExecutor(2) as threads:
+        monkeypatch.setattr(fetch, "_threads", lambda: threads)
+        monkeypatch.setattr(fetch, "PARALLEL_MIN_CHUNK_BYTES", 0)
+        yield
 
 
 @pytest.fixture

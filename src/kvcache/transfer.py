@@ -153,12 +153,23 @@ def scatter(targets: list[memoryview], pieces: tuple[bytes | memoryview, ...]) -
             done += take
 
 
+UNLOCKED_COPY_BYTES = 1 << 20
+"""From this size up a piece is copied by numpy, which lets other threads run meanwhile
+(a memoryview assignment holds the GIL): ``prefix.fetch`` copies chunks in parallel."""
+
+
 def copy_into(target: memoryview, sources: list[memoryview]) -> None:
     """Copy ``sources`` back to back into the start of ``target``."""
     offset = 0
     for source in sources:
         end = offset + len(source)
-        target[offset:end] = source
+        if len(source) >= UNLOCKED_COPY_BYTES:
+            np.copyto(
+                np.frombuffer(target, np.uint8, len(source), offset),
+                np.frombuffer(source, np.uint8),
+            )
+        else:
+            target[offset:end] = source
         offset = end
 
 
