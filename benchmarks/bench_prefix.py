@@ -6,6 +6,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/bench_prefix.py --quick    # 4 layers, 512 and 2048 (< 60 s)
     .venv/bin/python benchmarks/bench_prefix.py --dtype bfloat16 --chunk-tokens 256
     .venv/bin/python benchmarks/bench_prefix.py --tier disk   # adds the prefix on a disk pool
+    .venv/bin/python benchmarks/bench_prefix.py --device cuda --shape 8b --dtype bfloat16
 
 It prints a table and always exits 0 (it is not a test). The goals from the
 issue, at 2048 tokens: time to first token (TTFT) with reuse at least 10x
@@ -19,6 +20,16 @@ Method
   weights (no download): 8 layers, hidden 1024, 16 attention heads of 64,
   4 KV heads (GQA), MLP 2816, vocabulary 32000, SDPA attention, float32 by
   default. ``--quick``: 4 layers, hidden 512, 8 heads, 2 KV heads, MLP 1408.
+  ``--shape 8b``: Llama-3-8B's shape (32 layers, hidden 4096, 32 heads of
+  128, 8 KV heads, MLP 14336), for a GPU (``--device cuda``): a GPU computes
+  a small model's prefill faster than any host memory can hand it the KV.
+  ``--shape 70b --layers 40``: Llama-3-70B's layers (hidden 8192, 64 heads,
+  8 KV heads, MLP 28672), 40 of its 80 so that they fit one GPU: prefill
+  time and KV bytes both grow with the layers, so their ratio is the model's.
+* ``--device cuda``: the model and its KV on the GPU; ``kvhf.load`` retrieves
+  into a pinned host buffer and moves it in one transfer, and "copy" adds
+  that transfer to the floor. A last line compares that transfer from
+  pinned and from ordinary (pageable) host memory. No goals are judged there.
 * TTFT is one prefill forward (``logits_to_keep=1``) plus the argmax of the
   last logits: what ``generate`` does before its first token, without its
   bookkeeping. Without reuse: the whole prompt into an empty ``DynamicCache``.
@@ -93,12 +104,20 @@ GOAL_AT, GOAL_SPEEDUP, GOAL_SHARE = 2048, 10.0, 0.05
 FLUSH_BYTES = 256 << 20  # more than any CPU cache here
 
 
-def build_model(shape: dict[str, int], dtype: str, max_tokens: int) -> Any:
+LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, intermediate_size=14336)  # fmt: skip
+LLAMA_70B = dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                 num_key_value_heads=8, intermediate_size=28672)  # fmt: skip
+SHAPES = {"quick": QUICK, "full": FULL, "8b": LLAMA_8B, "70b": LLAMA_70B}
+
+
+def build_model(shape: dict[str, int], dtype: str, max_tokens: int, device: str = "cpu") -> Any:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB, max_position_embeddings=max_tokens, attn_implementation="sdpa", **shape
     )
-    return LlamaForCausalLM(config).to(getattr(torch, dtype)).eval()
+    with torch.device(device):  # random weights made where they are used: fast on a GPU
+        return LlamaForCausalLM(config).to(getattr(torch, dtype)).eval()
 
 
 def median_of(repeats: int, run: Callable[[], Any]) -> tuple[float, list[float], Any]:
@@ -125,7 +144,7 @@ def cold_ttft(model: Any, ids: torch.Tensor) -> tuple[int, Any]:
 def warm_ttft(model: Any, pc: kvcache.PrefixCache, ids: torch.Tensor) -> tuple[int, float, int]:
     """First token with reuse; also kvcache's seconds and the tokens loaded."""
     start = time.perf_counter()
-    cache, n = kvhf.load(pc, ids)
+    cache, n = kvhf.load(pc, ids, device=model.device)
     loaded = time.perf_counter() - start
     logits = model(
         ids[:, n:], **{kvhf.CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1
@@ -133,21 +152,40 @@ def warm_ttft(model: Any, pc: kvcache.PrefixCache, ids: torch.Tensor) -> tuple[i
     return int(logits[0, -1].argmax()), loaded, n
 
 
-def copy_floor(pc: kvcache.PrefixCache, num_tokens: int, repeats: int) -> float:
+def copy_floor(
+    pc: kvcache.PrefixCache, num_tokens: int, repeats: int, device: torch.device
+) -> float:
     """Median seconds of one plain copy of ``num_tokens`` tokens' KV out of /dev/shm.
 
     The CPU caches are flushed before each copy, as the forward between two
-    requests flushes them before each ``kvhf.load``.
+    requests flushes them before each ``kvhf.load``. On a GPU, plus the pinned
+    host -> device transfer of the same bytes.
     """
     flush = np.ones(FLUSH_BYTES, np.uint8)
     times = []
-    with shm_array(num_tokens * pc.layout.token_bytes) as source:
+    nbytes = num_tokens * pc.layout.token_bytes
+    with shm_array(nbytes) as source:
         target = pc.new_buffer(num_tokens).transpose(3, 0, 1, 2, 4).reshape(-1).view(np.uint8)
         for _ in range(repeats + 1):
             flush += 1
             start = time.perf_counter()
             np.copyto(target, source)
             times.append(time.perf_counter() - start)
+    copy = statistics.median(times[1:])
+    return copy + (transfer_seconds(nbytes, device, pinned=True) if device.type == "cuda" else 0)
+
+
+def transfer_seconds(nbytes: int, device: torch.device, *, pinned: bool, repeats: int = 5) -> float:
+    """Median seconds of one host -> ``device`` copy of ``nbytes`` (pinned or pageable host)."""
+    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pinned)
+    target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        target.copy_(host)
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
 
@@ -179,9 +217,9 @@ class ColdDisk:
 
 
 def run(args: argparse.Namespace) -> None:
-    shape = QUICK if args.quick else FULL
+    shape = SHAPES[args.shape] | ({"num_hidden_layers": args.layers} if args.layers else {})
     lengths = (512, 2048) if args.quick else (512, 2048, 4096)
-    model = build_model(shape, args.dtype, max(lengths) + NEW_TOKENS)
+    model = build_model(shape, args.dtype, max(lengths) + NEW_TOKENS, args.device)
     name = f"bench-prefix-{os.getpid()}"
     pool = kvcache.create(name, args.pool_size)
     disk: ColdDisk | None = None
@@ -195,7 +233,7 @@ def run(args: argparse.Namespace) -> None:
         print(
             f"model: Llama {layout.num_layers} layers, hidden {shape['hidden_size']}, "
             f"{shape['num_attention_heads']} heads / {layout.num_kv_heads} KV heads of "
-            f"{layout.head_dim}, {args.dtype}, {torch.get_num_threads()} threads; "
+            f"{layout.head_dim}, {args.dtype}, on {device_name(model.device)}; "
             f"chunks of {args.chunk_tokens} tokens; KV {kvcache.format_size(layout.token_bytes)} "
             f"per token; median of {args.repeats}"
         )
@@ -206,9 +244,20 @@ def run(args: argparse.Namespace) -> None:
         print(header)
         print("-" * len(header))
         generator = torch.Generator().manual_seed(1)
+        judge = not args.quick and model.device.type == "cpu"
         with torch.inference_mode():
             for length in lengths:
-                measure(model, pc, length, generator, args.repeats, judge=not args.quick, disk=disk)
+                measure(model, pc, length, generator, args.repeats, judge=judge, disk=disk)
+        if model.device.type == "cuda":
+            nbytes = 2048 * layout.token_bytes
+            pinned, pageable = (
+                transfer_seconds(nbytes, model.device, pinned=pinned) for pinned in (True, False)
+            )
+            print(
+                f"host -> GPU, the KV of 2048 tokens ({kvcache.format_size(nbytes)}): pinned "
+                f"{pinned * 1e3:.2f} ms ({nbytes / pinned / 1e9:.1f} GB/s), pageable "
+                f"{pageable * 1e3:.2f} ms ({nbytes / pageable / 1e9:.1f} GB/s)"
+            )
         stats = pool.stats()
         print(
             f"pool '{name}': {stats.num_entries} chunks, {kvcache.format_size(stats.used_bytes)} "
@@ -242,7 +291,7 @@ def measure(
 
     With ``disk``, a last row loads the same prompt from that disk pool, page cache cold.
     """
-    ids = torch.randint(0, VOCAB, (1, length), generator=generator)
+    ids = torch.randint(0, VOCAB, (1, length), generator=generator).to(model.device)
     cold, _, (token, cache) = median_of(repeats, lambda: cold_ttft(model, ids))
     start = time.perf_counter()
     kvhf.save(pc, ids, cache)
@@ -252,7 +301,7 @@ def measure(
     follow_up = torch.cat(
         [
             ids[:, : length - NEW_TOKENS],
-            torch.randint(0, VOCAB, (1, NEW_TOKENS), generator=generator),
+            torch.randint(0, VOCAB, (1, NEW_TOKENS), generator=generator).to(model.device),
         ],
         dim=1,
     )
@@ -270,7 +319,7 @@ def measure(
         if first != expected:
             sys.exit(f"reuse changed the first token at {length} tokens ({label}): a bug")
         kv_time = statistics.median(runs[1:])
-        floor = copy_floor(pc, n, repeats)
+        floor = copy_floor(pc, n, repeats, model.device)
         rows.append((label, n, warm, cold / warm, kv_time, floor))
     if disk is not None:
         rows.append(disk_row(model, disk, ids, token, cold, repeats, length))
@@ -329,10 +378,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--tier", default="cpu", choices=["cpu", "disk"], help="disk: add the prefix on a disk pool"
     )
     parser.add_argument("--folder", type=Path, default=None, help="disk pool folder (--tier disk)")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda, cuda:1")
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), default=None, help="model shape (default: full; quick)"
+    )
+    parser.add_argument("--layers", type=int, default=None, help="override the shape's layers")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
+    if args.shape is None:
+        args.shape = "quick" if args.quick else "full"
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA GPU here")
     return args
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"the CPU, {torch.get_num_threads()} threads"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

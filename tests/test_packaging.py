@@ -26,6 +26,7 @@ EXTRAS_ONLY = {
     "kvcache.cli.commands": "rich",
     "kvcache.cli.output": "rich",
     "kvcache.cli.simulating": "rich",
+    "kvcache.integrations.devices": "torch",
     "kvcache.integrations.transformers": "torch, transformers",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""

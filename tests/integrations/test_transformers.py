@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -11,24 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import CHUNK, VOCAB, prefill, prompt, tiny_llama  # noqa: E402
+
 import kvcache  # noqa: E402
 from kvcache import DependencyError, InvalidArgument, KVLayout, PrefixCache  # noqa: E402
 from kvcache.integrations import transformers as kvhf  # noqa: E402
 
-CHUNK = 8
-VOCAB = 512
-
-
-def tiny_llama(
-    *, layers: int = 2, kv_heads: int = 2, dtype: torch.dtype = torch.float32, attn: str = "sdpa"
-) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=kv_heads, intermediate_size=128, max_position_embeddings=256,
-        attn_implementation=attn,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+pytestmark = pytest.mark.usefixtures("inference")
 
 
 @pytest.fixture(scope="module")
@@ -36,29 +24,9 @@ def model() -> transformers.LlamaForCausalLM:
     return tiny_llama()
 
 
-@pytest.fixture(autouse=True)
-def no_grad() -> Iterator[None]:
-    with torch.inference_mode():
-        yield
-
-
-@pytest.fixture
-def pool(make_pool: Callable[..., kvcache.Pool]) -> kvcache.Pool:
-    return make_pool("16M", page_size="4K")
-
-
 @pytest.fixture
 def pc(pool: kvcache.Pool, model: transformers.LlamaForCausalLM) -> PrefixCache:
     return kvhf.prefix_cache(pool, model, model_id="tiny-llama", chunk_tokens=CHUNK)
-
-
-def prompt(length: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
-
-
-def prefill(model, ids: torch.Tensor) -> transformers.DynamicCache:
-    """The cache of a forward over ids (outputs.cache from 5.24, .past_key_values before)."""
-    return getattr(model(ids, use_cache=True), kvhf.CACHE_KEYWORD)
 
 
 def last_logits_with_reuse(model, pc: PrefixCache, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -259,14 +227,6 @@ def test_generate_refuses_a_cache_of_its_own_and_a_foreign_layout(pc: PrefixCach
 def test_a_model_needs_a_name(pool: kvcache.Pool, model) -> None:
     with pytest.raises(InvalidArgument, match="model_id"):
         kvhf.prefix_cache(pool, model)
-
-
-def test_models_off_the_cpu_are_refused(pool: kvcache.Pool, pc: PrefixCache) -> None:
-    elsewhere = tiny_llama().to("meta")  # a real device other than the CPU, without a GPU
-    with pytest.raises(InvalidArgument, match=r"is on meta.*model.to\('cpu'\)"):
-        kvhf.prefix_cache(pool, elsewhere, model_id="tiny-llama")
-    with pytest.raises(InvalidArgument, match="is on meta"):
-        kvhf.generate(elsewhere, pc, prompt(20), max_new_tokens=2)
 
 
 def test_sliding_window_models_are_refused(pool: kvcache.Pool) -> None:

@@ -9,7 +9,8 @@
     kvhf.save(pc, input_ids, outputs.cache)            # after any forward or generate
                                                        # (outputs.past_key_values before 5.24)
 
-Supported: transformers ``>=4.56,<5.26`` with torch (CPU tensors), models
+Supported: transformers ``>=4.56,<5.26`` with torch, models on any device
+(CPU, CUDA, or any other torch device; see ``devices`` for how KV moves),
 whose cache layers are all full attention (e.g. Llama, Qwen2, Mistral
 without a sliding window; ``check_model`` tells). Two things differ within
 that range, and both are read once at import from the release's code
@@ -34,9 +35,11 @@ module on them, or on a release without the features above, raises
 The restored cache never covers the whole prompt: at least its last token is
 recomputed, since its logits give the first new token (a cache covering
 everything leaves generate with nothing to run). A loaded cache's layers are
-views of the array :meth:`PrefixCache.retrieve` filled -- no copy; the
-model's first ``DynamicLayer.update`` concatenates them with the new tokens,
-as it would any cache.
+views of one array -- the one :meth:`PrefixCache.retrieve` filled on the
+CPU, or its single copy on the model's device; the model's first
+``DynamicLayer.update`` concatenates them with the new tokens, as it would
+any cache. The KV are in the model's dtype, since the cache's layout is the
+model's (``layout_of``).
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ _check_version(transformers.__version__)
 from transformers import DynamicCache, LlamaForCausalLM  # noqa: E402 (after the version check)
 from transformers.cache_utils import DynamicLayer  # noqa: E402
 
+from . import devices  # noqa: E402 (imports torch)
+
 _FLAVOR = _detect_flavor()
 CACHE_KEYWORD = _FLAVOR.keyword
 """``"cache"`` or ``"past_key_values"``: the keyword this transformers release's
@@ -180,22 +185,15 @@ def prefix_cache(
 
 
 def check_model(model: Any) -> None:
-    """Refuse models not on the CPU, whose cache layers are not all full-attention,
-    or whose ``forward`` does not take the release's cache keyword.
+    """Refuse models whose cache layers are not all full-attention, or whose
+    ``forward`` does not take the release's cache keyword.
 
-    Loaded KV are CPU tensors (views of retrieved memory), which a model on
-    another device cannot use. A sliding-window layer keeps only its last
-    window of tokens, and a linear attention layer a state, so neither holds a
-    prefix's KV token by token.
+    A sliding-window layer keeps only its last window of tokens, and a linear
+    attention layer a state, so neither holds a prefix's KV token by token.
 
     Raises:
         InvalidArgument: such a model.
     """
-    if model.device.type != "cpu":
-        raise InvalidArgument(
-            f"{type(model).__name__} is on {model.device}: kvcache.integrations.transformers "
-            "runs models on the CPU (model.to('cpu'))"
-        )
     if _cache_keyword(model.forward) != CACHE_KEYWORD:
         raise InvalidArgument(
             f"{type(model).__name__}.forward does not take {CACHE_KEYWORD}=, the cache keyword "
@@ -210,12 +208,14 @@ def check_model(model: Any) -> None:
         )
 
 
-def load(pc: PrefixCache, input_ids: Any) -> tuple[DynamicCache, int]:
+def load(pc: PrefixCache, input_ids: Any, *, device: Any = "cpu") -> tuple[DynamicCache, int]:
     """A ``DynamicCache`` holding the cached KV of the longest prefix of ``input_ids``.
 
     Args:
         pc: the model's prefix cache.
         input_ids: one prompt, shape (n,) or (1, n).
+        device: where the KV go: the model's device (``model.device``). Off
+            the CPU they are copied there in one transfer (see ``devices``).
 
     Returns:
         ``(cache, n)``: cache covers ``input_ids[..., :n]``, and
@@ -224,15 +224,19 @@ def load(pc: PrefixCache, input_ids: Any) -> tuple[DynamicCache, int]:
         ``input_ids[..., n:]`` with ``**{CACHE_KEYWORD: cache}``; on a miss n is 0 and the
         cache is empty.
     """
-    tokens = as_tokens(input_ids)
+    tokens = _host_tokens(input_ids)
     cache = DynamicCache()
     if len(tokens) < 2:
         return cache, 0
-    kv, hit = pc.retrieve(tokens)
-    num_tokens = min(hit, len(tokens) - 1)
+    device = torch.device(device)
+    if device.type == "cpu":
+        kv, hit = pc.retrieve(tokens)  # the layers are views of this array: nothing to move
+        stacked = _as_torch(kv[:, :, :, : min(hit, len(tokens) - 1)], pc.layout.dtype)
+    else:
+        stacked = devices.load_to(pc, tokens, len(tokens) - 1, device)
+    num_tokens = stacked.shape[3]
     if not num_tokens:
         return cache, 0
-    stacked = _as_torch(kv[:, :, :, :num_tokens], pc.layout.dtype)
     for layer_kv in stacked:
         keys, values = layer_kv[0].unsqueeze(0), layer_kv[1].unsqueeze(0)
         layer = DynamicLayer()
@@ -262,7 +266,9 @@ def save(
         input_ids: the tokens the cache was computed for, (n,) or (1, n); may
             run past the cache (after ``generate``, the last token has no KV yet).
         cache: a ``DynamicCache`` (``outputs.cache``, ``.past_key_values`` before
-            5.24) for a batch of one, or a sequence of one (keys, values) pair per layer.
+            5.24) for a batch of one, or a sequence of one (keys, values) pair per
+            layer, on any device (off the CPU, the tokens the pool lacks are
+            copied back in one transfer).
         priority, ttl: for the pool entries, as in :meth:`Pool.put`.
 
     Returns:
@@ -271,7 +277,7 @@ def save(
     Raises:
         InvalidArgument: a batch of several sequences, or a cache of another layout.
     """
-    tokens = as_tokens(input_ids)
+    tokens = _host_tokens(input_ids)
     layers = getattr(cache, "layers", None)
     pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else cache
     if not pairs or any(keys is None for keys, _ in pairs):
@@ -282,6 +288,8 @@ def save(
             f"the cache holds a batch of {keys.shape[0]} sequences: save one sequence at a time"
         )
     num_tokens = min(len(tokens), keys.shape[-2])
+    if keys.device.type != "cpu":
+        return devices.save_from(pc, tokens[:num_tokens], pairs, priority=priority, ttl=ttl)
     return pc.store(tokens[:num_tokens], pairs, priority=priority, ttl=ttl)
 
 
@@ -313,12 +321,18 @@ def generate(model: Any, pc: PrefixCache, input_ids: Any, **kwargs: Any) -> Any:
     if layout != pc.layout:
         raise InvalidArgument(f"the model's KV layout is {layout}, the prefix cache's {pc.layout}")
     check_model(model)
-    cache, _ = load(pc, input_ids)
+    cache, _ = load(pc, input_ids, device=model.device)
     kwargs.setdefault("attention_mask", torch.ones_like(input_ids))
     output = model.generate(input_ids, **{CACHE_KEYWORD: cache}, **kwargs)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     save(pc, sequences[0], cache)
     return output
+
+
+def _host_tokens(input_ids: Any) -> np.ndarray:
+    """Token ids as ``as_tokens`` gives them, also from a tensor on a device (copied back)."""
+    on_device = isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu"
+    return as_tokens(input_ids.cpu() if on_device else input_ids)
 
 
 def _as_torch(array: Any, dtype: str) -> torch.Tensor:

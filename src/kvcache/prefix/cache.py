@@ -137,6 +137,7 @@ class PrefixCache:
         *,
         priority: int = 0,
         ttl: float | str | None = None,
+        first_token: int = 0,
     ) -> int:
         """Cache the KV of every full chunk of ``token_ids`` that the pool lacks.
 
@@ -148,6 +149,11 @@ class PrefixCache:
                 or (1, kv_heads, tokens, head_dim). It may cover more tokens
                 than ``token_ids``; the extra ones are ignored.
             priority, ttl: passed to :meth:`Pool.put` for every chunk.
+            first_token: ``kv`` starts at this token of ``token_ids`` (a multiple
+                of chunk_tokens): the chunks before it are already cached, so KV
+                on a GPU need only copy the rest to the host. If one of them is
+                missing after all, nothing after it is stored (it would be
+                unreachable).
 
         Returns:
             How many tokens' KV were written (chunks already cached are skipped).
@@ -157,13 +163,18 @@ class PrefixCache:
             ValueTooLargeError: a chunk is larger than the pool: use smaller chunks.
         """
         tokens = as_tokens(token_ids)
-        source = KVSource(kv, self.layout)
+        size = self.chunk_tokens
+        whole_number(first_token, "first_token", 0, len(tokens))
+        if first_token % size:
+            raise InvalidArgument(
+                f"first_token must be a multiple of chunk_tokens ({size}), not {first_token}"
+            )
+        source = KVSource(kv, self.layout, first_token)
         if source.num_tokens < len(tokens):
             raise InvalidArgument(
                 f"kv covers {source.num_tokens} tokens but token_ids has {len(tokens)}: "
                 "pass the tokens the KV was computed for"
             )
-        size = self.chunk_tokens
         buffer = np.empty(self._chunk_bytes + TRAILER_BYTES, np.uint8)  # reused: put copies it
         chunk = chunk_view(buffer, self.layout, size)
         written: list[int] = []
@@ -172,6 +183,8 @@ class PrefixCache:
         for index, key in enumerate(keys):
             if index < cached or self.pool.in_local_tiers(key):
                 continue
+            if index * size < first_token:
+                break  # a chunk gone that we have no KV for: what follows it is unreachable
             source.copy_tokens(index * size, (index + 1) * size, chunk)
             seal(buffer, self._head(index))
             # a memoryview, not the array, so that the pool stores plain bytes (no array header)

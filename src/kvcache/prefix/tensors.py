@@ -138,11 +138,14 @@ class KVSource:
       ``DynamicCache`` layers hold for a batch of one.
 
     numpy has no bfloat16: give bfloat16 KV as torch tensors, or as uint16/int16
-    arrays of its bit patterns.
+    arrays of its bit patterns. ``first_token``: the prompt position of the
+    array's first token (KV copied off a device only from where the pool's
+    copy ends); ``num_tokens`` counts from the prompt's start.
     """
 
-    def __init__(self, kv: Any, layout: KVLayout) -> None:
+    def __init__(self, kv: Any, layout: KVLayout, first_token: int = 0) -> None:
         self.layout = layout
+        self.first_token = first_token
         if isinstance(kv, (list, tuple)):
             if len(kv) != layout.num_layers:
                 raise InvalidArgument(
@@ -152,8 +155,8 @@ class KVSource:
                 self._layer_pair(pair, layer) for layer, pair in enumerate(kv)
             ]
             self._stacked: np.ndarray | None = None
-            self.num_tokens = self._pairs[0][0].shape[1]
-            if any(k.shape[1] != self.num_tokens for k, _ in self._pairs):
+            self.num_tokens = first_token + self._pairs[0][0].shape[1]
+            if any(first_token + k.shape[1] != self.num_tokens for k, _ in self._pairs):
                 raise InvalidArgument("kv layers cover different numbers of tokens")
         else:
             stacked = layout_array(kv, layout, "kv")
@@ -166,10 +169,12 @@ class KVSource:
                     f"or be one (keys, values) pair per layer; got shape {stacked.shape}"
                 )
             self._pairs, self._stacked = None, stacked
-            self.num_tokens = stacked.shape[3]
+            self.num_tokens = first_token + stacked.shape[3]
 
     def copy_tokens(self, start: int, stop: int, dest: np.ndarray) -> None:
         """Copy tokens [start, stop) into ``dest``, token-major (tokens, layers, 2, heads, dim)."""
+        assert start >= self.first_token, "tokens before first_token were never given"
+        start, stop = start - self.first_token, stop - self.first_token
         if self._stacked is not None:
             np.copyto(dest, self._stacked[:, :, :, start:stop].transpose(3, 0, 1, 2, 4))
             return
