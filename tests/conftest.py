@@ -6,6 +6,7 @@ default disk pools), so no registry record outlives its test or meets another's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -26,13 +27,31 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     return home
 
 
+@contextlib.contextmanager
+def shm_dir_set_to(setting: str | None) -> Iterator[None]:
+    """``$KVCACHE_SHM_DIR`` as ``setting`` (None: unset) for the block.
+
+    The cleanup of a test's pools runs with the setting the test began with: a test
+    that points it elsewhere would otherwise hide the pools it made in /dev/shm from
+    their cleanup (its monkeypatch is undone only after the other fixtures' teardown).
+    """
+    with pytest.MonkeyPatch.context() as env:
+        if setting is None:
+            env.delenv("KVCACHE_SHM_DIR", raising=False)
+        else:
+            env.setenv("KVCACHE_SHM_DIR", setting)
+        yield
+
+
 @pytest.fixture
 def pool_name() -> Iterator[str]:
     """A fresh pool name; whatever pool carries it is destroyed after the test."""
     name = f"test-{uuid.uuid4().hex[:12]}"
+    setting = os.environ.get("KVCACHE_SHM_DIR")
     yield name
-    if name in kvcache.list_pools():
-        kvcache.destroy(name)
+    with shm_dir_set_to(setting):
+        if name in kvcache.list_pools():
+            kvcache.destroy(name)
 
 
 @pytest.fixture
@@ -40,15 +59,17 @@ def names() -> Iterator[Callable[[], str]]:
     """``names()``: a fresh pool name; every pool made under one is destroyed afterwards,
     the last made first (an upper pool before the pool it spills to), forced."""
     made: list[str] = []
+    setting = os.environ.get("KVCACHE_SHM_DIR")
 
     def new() -> str:
         made.append(f"test-{uuid.uuid4().hex[:12]}")
         return made[-1]
 
     yield new
-    for name in reversed(made):
-        if name in kvcache.list_pools():
-            kvcache.destroy(name, force=True)
+    with shm_dir_set_to(setting):
+        for name in reversed(made):
+            if name in kvcache.list_pools():
+                kvcache.destroy(name, force=True)
 
 
 @pytest.fixture
