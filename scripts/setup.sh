@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.10) and install kvcache with its command line's rich, its test
 # and lint tools, torch and transformers (for kvcache.integrations.transformers, its tests
-# and the demo). The dev extra brings test, which brings cli (rich) and redis (redis-py).
+# and the demo), and llama-cpp-python with gguf (kvcache.integrations.llama_cpp). The dev extra brings test, which brings cli (rich) and redis (redis-py).
 # The remote-tier tests also need redis-server and redis-cli on PATH, which this script
 # leaves to the system's packages (.ci/run installs them; it runs as root, users may not).
 # Sourced by demo.sh and test.sh; safe to run again (pip skips what is there).
@@ -16,3 +16,12 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
 .venv/bin/python -c 'import importlib.metadata as m; m.version("torch")' 2>/dev/null \
   || .venv/bin/python -m pip install --quiet --disable-pip-version-check "${KVCACHE_TORCH:-torch==2.13.0}"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,transformers]'
+# llama-cpp-python (the llama-cpp extra) has no Linux wheel on PyPI: pip compiles llama.cpp,
+# about 20 minutes on 2 cores, so it is built once into .venv and skipped while it imports.
+# GGML_NATIVE=OFF: a build that runs on any x86-64 with AVX2 (CI machines differ from the
+# one that built it); KVCACHE_LLAMA_CMAKE_ARGS=... replaces those flags (e.g. -DGGML_CUDA=ON).
+.venv/bin/python -c 'import llama_cpp, gguf' 2>/dev/null \
+  || CMAKE_ARGS="${KVCACHE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF}" \
+     CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+     .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+       --no-binary llama-cpp-python -e '.[llama-cpp]'
