@@ -12,7 +12,7 @@ Method
 * Model: a random-weight Llama written as GGUF by ``kvcache.integrations.gguf_model``
   (float32 weights, f16 KV): 8 layers, hidden 1024, 16 heads, 4 KV heads, MLP
   2816; ``--quick``: 4 layers, hidden 512, 8 heads, 2 KV heads, MLP 1408. One
-  ``Llama`` (n_ctx 4096, n_batch 512, all cores), prompts of 2048 seeded random tokens.
+  ``Llama`` (n_ctx 4096, n_batch 512, one thread), prompts of 2048 seeded random tokens.
 * TTFT is from calling ``llm(prompt, max_tokens=1)`` on an emptied context
   (``llm.reset()``) to the first call of a logits processor, i.e. when the
   first token's logits are ready: the cache lookup, ``load_state``, the
@@ -68,13 +68,17 @@ FULL = ModelShape(num_layers=8, hidden=1024, num_heads=16, num_kv_heads=4, ffn=2
 QUICK = ModelShape(num_layers=4, hidden=512, num_heads=8, num_kv_heads=2, ffn=1408)
 PROMPT_TOKENS, NEW_TOKENS, N_CTX = 2048, 64, 4096
 CHUNK_TOKENS = 256
+# One thread: the machine these figures come from is shared, and ggml's threads spin at a
+# barrier after every operation, so with another process on the core a 64-token step took
+# 2-25x its time from run to run; one thread gives the same figures every run.
+LLAMA_OPTIONS = dict(
+    n_ctx=N_CTX, n_batch=512, n_threads=1, n_threads_batch=1, seed=0, verbose=False
+)
 FILLED_BY = {"none": "-", "PoolCache": "other process"}
 
 
 def new_llama(model_path: Path) -> llama_cpp.Llama:
-    return llama_cpp.Llama(
-        model_path=str(model_path), n_ctx=N_CTX, n_batch=512, seed=0, verbose=False
-    )
+    return llama_cpp.Llama(model_path=str(model_path), **LLAMA_OPTIONS)
 
 
 class ReadOnly(BaseLlamaCache):
@@ -114,9 +118,46 @@ def ttft(llm: llama_cpp.Llama, prompt: list[int]) -> tuple[float, int]:
     return stamps[0][0] - start, stamps[0][1]
 
 
-def median_ttft(llm: llama_cpp.Llama, prompt: list[int], repeats: int) -> float:
-    ttft(llm, prompt)  # warm-up
-    return statistics.median(ttft(llm, prompt)[0] for _ in range(repeats))
+def filled_state(llm: llama_cpp.Llama, prompt: list[int]) -> Any:
+    """The state ``Llama`` saves after completing ``prompt`` (what a cache holds once filled)."""
+    llm.set_cache(None)
+    llm.reset()
+    llm.create_completion(prompt, max_tokens=1, temperature=0.0)
+    return llm.save_state()
+
+
+def refill(cache: BaseLlamaCache, prompt: list[int], state: Any) -> None:
+    """Put the prompt's state back (untimed): LlamaDiskCache pops a state when it is read."""
+    with contextlib.redirect_stderr(io.StringIO()):  # LlamaDiskCache prints on every call
+        if prompt not in cache:
+            cache[prompt] = state
+
+
+def interleaved(
+    llm: llama_cpp.Llama,
+    caches: dict[str, BaseLlamaCache | None],
+    requests: dict[str, list[int]],
+    state: Any,
+    args: argparse.Namespace,
+) -> dict[tuple[str, str], float]:
+    """Median TTFT per (cache, request); the rounds go through every cache in turn, so
+    that other load on the machine falls on all of them alike. Round 0 is a warm-up."""
+    times: dict[tuple[str, str], list[float]] = {}
+    first_tokens: dict[str, int] = {}
+    for round_ in range(args.repeats + 1):
+        for label, cache in caches.items():
+            for request, tokens in requests.items():
+                if cache is not None and label != "PoolCache":
+                    refill(cache, requests["same"], state)
+                llm.set_cache(None if cache is None else ReadOnly(cache))
+                seconds, first = ttft(llm, tokens)
+                if round_:
+                    times.setdefault((label, request), []).append(seconds)
+                expected = first_tokens.setdefault(request, first)  # "none" runs first
+                if first != expected:
+                    print(f"  ! {label} {request}: first token {first}, uncached {expected}")
+    llm.set_cache(None)
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def fill_in_another_process(pool_name: str, model_path: Path, prompt_file: Path) -> None:
@@ -124,8 +165,7 @@ def fill_in_another_process(pool_name: str, model_path: Path, prompt_file: Path)
         "import sys, numpy as np, kvcache, llama_cpp\n"
         "from kvcache.integrations import llama_cpp as kvllama\n"
         "pool_name, model_path, prompt_file = sys.argv[1:]\n"
-        f"llm = llama_cpp.Llama(model_path=model_path, n_ctx={N_CTX}, n_batch=512, seed=0, "
-        "verbose=False)\n"
+        f"llm = llama_cpp.Llama(model_path=model_path, **{LLAMA_OPTIONS!r})\n"
         "pool = kvcache.open(pool_name)\n"
         f"llm.set_cache(kvllama.PoolCache(pool, llama=llm, chunk_tokens={CHUNK_TOKENS}))\n"
         "llm.create_completion(np.load(prompt_file).tolist(), max_tokens=1, temperature=0.0)\n"
@@ -173,26 +213,15 @@ def run(args: argparse.Namespace) -> None:
         )
         print(header)
         print("-" * len(header))
-        baseline: dict[str, float] = {}
-        expected: dict[str, int] = {}
-        for label, cache in caches.items():
-            if cache is not None and label != "PoolCache":
-                llm.set_cache(cache)
-                with contextlib.redirect_stderr(io.StringIO()):
-                    llm.reset()
-                    llm.create_completion(prompt, max_tokens=1, temperature=0.0)
-            llm.set_cache(None if cache is None else ReadOnly(cache))
+        state = filled_state(llm, prompt)
+        for label in ("LlamaRAMCache", "LlamaDiskCache"):
+            refill(caches[label], prompt, state)  # type: ignore[arg-type]
+        times = interleaved(llm, caches, {"same": prompt, "question": question}, state, args)
+        for label in caches:
             row = f"{label:<15} {FILLED_BY.get(label, 'this process'):<14}"
-            for request, tokens in (("same", prompt), ("question", question)):
-                seconds = median_ttft(llm, tokens, args.repeats)
-                first = ttft(llm, tokens)[1]
-                if cache is None:
-                    baseline[request], expected[request] = seconds, first
-                elif first != expected[request]:
-                    print(
-                        f"  ! {label} {request}: first token {first}, uncached {expected[request]}"
-                    )
-                row += f" {seconds * 1e3:>9.1f} ms {baseline[request] / seconds:>7.1f}x"
+            for request in ("same", "question"):
+                seconds, baseline = times[label, request], times["none", request]
+                row += f" {seconds * 1e3:>9.1f} ms {baseline / seconds:>7.1f}x"
             print(row)
         stats = pool.stats()
         state_bytes = len(llm.save_state().llama_state)
