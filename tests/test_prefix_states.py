@@ -149,3 +149,13 @@ def test_bad_arguments(pool: kvcache.Pool) -> None:
         StateLayout("e", (("b", "1"), ("a", "2")))
     with pytest.raises(InvalidArgument, match="integers"):
         StateCache(pool, "m", LAYOUT).get(["a", "b"])
+
+
+def test_markers_chain_as_parents_under_the_prefix_policy(
+    make_pool: Callable[..., kvcache.Pool],
+) -> None:
+    pool = make_pool("4M", page_size="4K", policy="prefix")
+    states = StateCache(pool, "model-a", LAYOUT, chunk_tokens=CHUNK)
+    states.put(SYSTEM, [b"a"])
+    assert len(pool) == 1 + len(SYSTEM) // CHUNK
+    assert payload_of(states.get([*SYSTEM[:12], 0, 0])) == b"a"

@@ -100,6 +100,7 @@ def test_the_longest_shared_prefix_is_found(cache: kvllama.PoolCache, llm: llama
     query = llm.tokenize((SYSTEM + "another one").encode())
     found = cache[query]
     assert found.n_tokens == len(long)
+    assert cache._find_longest_prefix_key(tuple(query)) == tuple(long)
     other = llm.tokenize(b"nothing in common with what is stored, not one full chunk of it")
     with pytest.raises(KeyError):
         cache[other]

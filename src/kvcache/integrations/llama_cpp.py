@@ -189,6 +189,11 @@ class PoolCache(BaseLlamaCache):
             raise KeyError("no state shares a prefix with these tokens")
         return state
 
+    def _find_longest_prefix_key(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The tokens of the stored state ``self[key]`` would return (BaseLlamaCache's hook)."""
+        hit = self.states.get(key)
+        return None if hit is None else tuple(hit.tokens.tolist())
+
     def __contains__(self, key: Sequence[int]) -> bool:  # type: ignore[override]
         """Whether ``self[key]`` finds a state (it reads and checks it)."""
         hit = self.states.get(key)
