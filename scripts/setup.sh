@@ -17,11 +17,12 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || .venv/bin/python -m pip install --quiet --disable-pip-version-check "${KVCACHE_TORCH:-torch==2.13.0}"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,transformers]'
 # llama-cpp-python (the llama-cpp extra) has no Linux wheel on PyPI: pip compiles llama.cpp,
-# about 20 minutes on 2 cores, so it is built once into .venv and skipped while it imports.
+# about 15 minutes on 2 cores, so it is built once into .venv and skipped while it imports.
+# Pinned to the tested release, as torch above (KVCACHE_LLAMA=... picks another).
 # GGML_NATIVE=OFF: a build that runs on any x86-64 with AVX2 (CI machines differ from the
 # one that built it); KVCACHE_LLAMA_CMAKE_ARGS=... replaces those flags (e.g. -DGGML_CUDA=ON).
 .venv/bin/python -c 'import llama_cpp, gguf' 2>/dev/null \
   || CMAKE_ARGS="${KVCACHE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF}" \
      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
      .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-       --no-binary llama-cpp-python -e '.[llama-cpp]'
+       --no-binary llama-cpp-python "${KVCACHE_LLAMA:-llama-cpp-python==0.3.36}" 'gguf>=0.10'

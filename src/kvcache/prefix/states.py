@@ -170,10 +170,12 @@ class StateCache:
         if exact is not None and exact.num_shared == len(tokens):
             return exact
         marker_keys = link_keys(self.namespace, links)
+        tried = {exact_key}  # markers of one state all name it: read a bad one once
         for index in range(len(links) - 1, -1, -1):
             target = self._read_marker(marker_keys[index], index)
-            if target is None:
+            if target is None or target[0] in tried:
                 continue
+            tried.add(target[0])
             hit = self._read_record(*target, tokens)
             if hit is not None and hit.num_shared >= (index + 1) * self.chunk_tokens:
                 return hit
@@ -197,11 +199,12 @@ class StateCache:
         if not isinstance(value, bytes) or len(value) != MARKER_BYTES:
             return None
         magic, version, recorded_index, num_tokens, tail = MARKER.unpack_from(value)
-        if (magic, version, recorded_index) != (MARKER_MAGIC, VERSION, index) or value[
-            MARKER.size :
-        ] != _u64(xxhash.xxh3_64_intdigest(value[: MARKER.size])):
-            return None
-        if num_tokens < (index + 1) * self.chunk_tokens:
+        intact = value[MARKER.size :] == _u64(xxhash.xxh3_64_intdigest(value[: MARKER.size]))
+        if (
+            not intact
+            or (magic, version, recorded_index) != (MARKER_MAGIC, VERSION, index)
+            or num_tokens < (index + 1) * self.chunk_tokens
+        ):
             return None
         return state_key(self.namespace, num_tokens, tail), num_tokens
 
