@@ -162,12 +162,10 @@ class PoolCache(BaseLlamaCache):
                     "so that states of different models never meet"
                 )
             model_id = model_file_id(llama.model_path)
-        if not isinstance(pool, Pool):
-            raise InvalidArgument(f"pool must be a kvcache.Pool, not {type(pool).__name__}")
-        super().__init__(capacity_bytes=pool.config.size_bytes)
-        self.states = StateCache(
+        self.states = StateCache(  # checks the pool and the rest
             pool, model_id, context_layout(llama), chunk_tokens=chunk_tokens, salt=salt
         )
+        super().__init__(capacity_bytes=pool.config.size_bytes)
         self.pool = pool
         self._keep_scores = llama is None or getattr(llama, "_logits_all", True)
         self._put_options: dict[str, Any] = {"priority": priority, "ttl": ttl}
