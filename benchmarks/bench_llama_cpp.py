@@ -27,6 +27,8 @@ Method
     process (they are per process, or a diskcache folder), in a temp folder.
 * Requests: *same prompt* (all but the last token come from the cache) and
   *new question* (the first 2048-64 tokens, then 64 new ones).
+* lookup: the part of TTFT spent in the cache's ``__getitem__`` (finding the
+  state and reading it back; ``load_state`` and the prefill come after).
 * Each figure is the median of ``--repeats`` runs after one untimed warm-up.
   The generated first token must equal the uncached one (checked).
 
@@ -82,18 +84,23 @@ def new_llama(model_path: Path) -> llama_cpp.Llama:
 
 
 class ReadOnly(BaseLlamaCache):
-    """A cache's lookups only: what ``Llama`` saves while timing is dropped."""
+    """A cache's lookups only, timed: what ``Llama`` saves while timing is dropped."""
 
     def __init__(self, inner: BaseLlamaCache) -> None:
         super().__init__(inner.capacity_bytes)
         self.inner = inner
+        self.lookup_s = 0.0
 
     @property
     def cache_size(self) -> int:
         return self.inner.cache_size
 
     def __getitem__(self, key: Sequence[int]) -> Any:
-        return self.inner[key]
+        start = time.perf_counter()
+        try:
+            return self.inner[key]
+        finally:
+            self.lookup_s += time.perf_counter() - start
 
     def __contains__(self, key: Sequence[int]) -> bool:  # type: ignore[override]
         return key in self.inner
@@ -139,25 +146,31 @@ def interleaved(
     requests: dict[str, list[int]],
     state: Any,
     args: argparse.Namespace,
-) -> dict[tuple[str, str], float]:
-    """Median TTFT per (cache, request); the rounds go through every cache in turn, so
-    that other load on the machine falls on all of them alike. Round 0 is a warm-up."""
-    times: dict[tuple[str, str], list[float]] = {}
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """Median TTFT and lookup time per (cache, request); the rounds go through every cache
+    in turn, so that other load on the machine falls on all of them alike. Round 0 is a
+    warm-up."""
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     first_tokens: dict[str, int] = {}
     for round_ in range(args.repeats + 1):
         for label, cache in caches.items():
             for request, tokens in requests.items():
                 if cache is not None and label != "PoolCache":
                     refill(cache, requests["same"], state)
-                llm.set_cache(None if cache is None else ReadOnly(cache))
+                timed = None if cache is None else ReadOnly(cache)
+                llm.set_cache(timed)
                 seconds, first = ttft(llm, tokens)
                 if round_:
-                    times.setdefault((label, request), []).append(seconds)
+                    lookup_s = 0.0 if timed is None else timed.lookup_s
+                    times.setdefault((label, request), []).append((seconds, lookup_s))
                 expected = first_tokens.setdefault(request, first)  # "none" runs first
                 if first != expected:
                     print(f"  ! {label} {request}: first token {first}, uncached {expected}")
     llm.set_cache(None)
-    return {key: statistics.median(values) for key, values in times.items()}
+    return {
+        key: (statistics.median(t for t, _ in runs), statistics.median(s for _, s in runs))
+        for key, runs in times.items()
+    }
 
 
 def fill_in_another_process(pool_name: str, model_path: Path, prompt_file: Path) -> None:
@@ -208,8 +221,8 @@ def run(args: argparse.Namespace) -> None:
             f"llama-cpp-python {llama_cpp.__version__}; median of {args.repeats}"
         )
         header = (
-            f"{'cache':<15} {'filled by':<14} {'same prompt':>12} {'speedup':>8} "
-            f"{'new question':>12} {'speedup':>8}"
+            f"{'cache':<15} {'filled by':<14} {'same prompt':>12} {'lookup':>9} {'speedup':>7} "
+            f"{'new question':>12} {'lookup':>9} {'speedup':>7}"
         )
         print(header)
         print("-" * len(header))
@@ -220,8 +233,9 @@ def run(args: argparse.Namespace) -> None:
         for label in caches:
             row = f"{label:<15} {FILLED_BY.get(label, 'this process'):<14}"
             for request in ("same", "question"):
-                seconds, baseline = times[label, request], times["none", request]
-                row += f" {seconds * 1e3:>9.1f} ms {baseline / seconds:>7.1f}x"
+                (seconds, lookup_s), baseline = times[label, request], times["none", request][0]
+                speedup = baseline / seconds
+                row += f" {seconds * 1e3:>9.1f} ms {lookup_s * 1e3:>6.1f} ms {speedup:>6.1f}x"
             print(row)
         stats = pool.stats()
         state_bytes = len(llm.save_state().llama_state)
