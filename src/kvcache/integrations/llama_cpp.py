@@ -82,7 +82,7 @@ HEAD = struct.Struct("<4sHHQQqQQQ8x")
 MAGIC, VERSION = b"KVLL", 1
 SCORES_STORED = 1
 _MAX_CTX = 1 << 26  # a bound no context approaches: a bad length fails before any allocation
-_MAX_SCORES = 1 << 34  # floats; the same for the scores' shape (zeros are made, not read)
+_MAX_SCORES = 1 << 34  # rows x columns: scores not stored come back as zeros of that shape
 _CONTEXT_FIELDS = (
     "n_seq_max", "rope_scaling_type", "pooling_type", "attention_type", "flash_attn_type",
     "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
