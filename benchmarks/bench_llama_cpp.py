@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_llama_cpp.py            # 8 layers, hidden 1024 (~3 min)
-    .venv/bin/python benchmarks/bench_llama_cpp.py --quick    # 4 layers, hidden 512 (< 60 s)
+    .venv/bin/python benchmarks/bench_llama_cpp.py            # 8 layers, hidden 1024 (~4 min)
+    .venv/bin/python benchmarks/bench_llama_cpp.py --quick    # 4 layers, hidden 512 (~20 s)
 
 It prints a table and always exits 0 (it is not a test).
 
