@@ -28,4 +28,5 @@ export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
 # Fail rather than quietly test .venv's release if the folder did not take precedence.
 "$python" -c "import sys, transformers as t; sys.exit(t.__version__ != '$version' and
   f'testing transformers $version, but {t.__file__} is {t.__version__}')"
-exec "$python" -m pytest tests/integrations tests/multiprocess/test_prefix_sharing.py "$@"
+exec "$python" -m pytest tests/integrations/test_transformers.py tests/integrations/test_devices.py \
+  tests/multiprocess/test_prefix_sharing.py "$@"

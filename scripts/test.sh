@@ -2,5 +2,5 @@
 # Set up, then run the whole test suite (extra arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --llama-cpp
 exec .venv/bin/python -m pytest "$@"

@@ -27,6 +27,7 @@ EXTRAS_ONLY = {
     "kvcache.cli.output": "rich",
     "kvcache.cli.simulating": "rich",
     "kvcache.integrations.devices": "torch",
+    "kvcache.integrations.llama_cpp": "llama-cpp-python",
     "kvcache.integrations.transformers": "torch, transformers",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""
@@ -110,7 +111,7 @@ import kvcache
 from kvcache import KVLayout, PrefixCache
 
 name, snapshot, extras_only = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-extras = ("redis", "rich", "torch", "transformers")
+extras = ("redis", "rich", "torch", "transformers", "llama_cpp", "gguf")
 failed = {}
 for module in pkgutil.walk_packages(kvcache.__path__, "kvcache."):
     if module.name not in extras_only:

@@ -168,3 +168,13 @@ def test_layout_sizes() -> None:
     assert layout.token_shape == (32, 2, 8, 128)
     assert layout.token_bytes == 32 * 2 * 8 * 128 * 2
     assert layout.storage_dtype == np.dtype("<u2")
+
+
+def test_chunk_keys_are_the_ones_pools_and_snapshots_already_hold() -> None:
+    """Whole-state namespaces were added beside the chunk ones without changing a chunk key
+    (this key was computed by the code before them)."""
+    ns = Namespace("model-a", KVLayout(2, 2, 8, "float32"), 4, salt="t")
+    assert ns.digest.hex().startswith("ef3f38dbf0514d4a916543f1be5910d0")
+    assert keys_of(np.arange(100, 118), ns)[-1] == (
+        "kvprefix:ef3f38dbf051:3:9adb564a005016aa5afb5f32a2d3c359bc91646eb87947716a8987a1204d0abb"
+    )
