@@ -38,6 +38,8 @@ COMMANDS = [
     "access-log",
     "policies",
     "simulate",
+    "stats",
+    "metrics",
 ]
 
 

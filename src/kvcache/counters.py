@@ -103,19 +103,22 @@ class Latency:
 
     def __init__(self, every: int, flush: Callable[[list[int], list[int]], None]) -> None:
         self._every = every if every > 0 else _NEVER
-        self._countdown = self._every
+        # One countdown per op: a shared one would sample only one op of a process that
+        # alternates them (put, get, put, get ... with an even ``every``).
+        self._countdowns = [self._every] * len(OPS)
         self._flush = flush
         self._guard = threading.Lock()  # threads share the sampler; only sampled ops take it
         self._counts = [0] * (len(OPS) * NUM_BUCKETS)
         self._sums_ns = [0] * len(OPS)
         self._pending = 0
 
-    def start(self) -> int:
-        """A start time if this op is sampled, else 0."""
-        self._countdown -= 1
-        if self._countdown:
+    def start(self, op: int) -> int:
+        """A start time if this call of ``op`` is sampled, else 0."""
+        countdowns = self._countdowns
+        countdowns[op] -= 1
+        if countdowns[op]:
             return 0
-        self._countdown = self._every
+        countdowns[op] = self._every
         return time.perf_counter_ns()
 
     def stop(self, op: int, started_ns: int) -> None:

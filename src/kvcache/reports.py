@@ -68,7 +68,23 @@ class Histogram:
 
     @property
     def count(self) -> int:
+        """Samples in all buckets."""
         return sum(self.counts)
+
+    @property
+    def mean_s(self) -> float:
+        """Mean duration, 0.0 without samples."""
+        return self.sum_s / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """The upper bound of the bucket holding quantile ``q`` (inf past the last
+        bound, 0.0 without samples): an estimate within a factor of two."""
+        needed, seen = q * self.count, 0
+        for bound, count in zip((*self.bounds_s, math.inf), self.counts, strict=True):
+            seen += count
+            if seen and seen >= needed:
+                return bound
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -99,9 +115,7 @@ class PoolMetrics:
         }
         rows = region["model_tokens"].tolist()
         names = [raw.decode(errors="replace") for raw in region["model_names"].tolist()]
-        tokens = {
-            model: TokenCounts(*rows[row]) for row, model in enumerate(names) if model
-        }
+        tokens = {model: TokenCounts(*rows[row]) for row, model in enumerate(names) if model}
         if any(rows[MAX_MODELS]):
             tokens[OTHER_MODEL] = TokenCounts(*rows[MAX_MODELS])
         reset_at = float(region["reset_at"])
@@ -113,6 +127,48 @@ class PoolMetrics:
 
 
 assert tuple(f.name for f in dataclasses.fields(TokenCounts)) == TOKEN_COUNTERS
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a pool did per second between two ``stats`` (``cortex cache status --watch``)."""
+
+    interval_s: float
+    hits_per_s: float
+    misses_per_s: float
+    puts_per_s: float
+    in_bytes_per_s: float  # value bytes stored
+    out_bytes_per_s: float  # value bytes of hits
+    evictions_per_s: float  # of every reason: capacity, expiry, explicit
+    used_bytes: int  # at the end of the interval
+    num_entries: int
+    num_attached: int
+
+    @classmethod
+    def between(cls, before: PoolStats, after: PoolStats, interval_s: float) -> Rates:
+        """The rates from ``before`` to ``after``, ``interval_s`` apart; a counter that went
+        down (``reset_stats`` meanwhile) counts from zero."""
+
+        def rate(name: str) -> float:
+            now, then = getattr(after, name), getattr(before, name)
+            return (now - then if now >= then else now) / interval_s
+
+        return cls(
+            interval_s,
+            rate("hits"),
+            rate("misses"),
+            rate("puts"),
+            rate("bytes_in"),
+            rate("bytes_out"),
+            rate("evictions") + rate("expirations"),
+            after.used_bytes,
+            after.num_entries,
+            after.num_attached,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields, for JSON."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ class PrefixCache:
         chunk evicted or found damaged before ``retrieve`` shortens that hit. The
         chunks missing locally cost one round trip to a remote tier, not one each.
         """
-        started = self.pool.latency.start()
+        started = self.pool.latency.start(LOOKUP)
         found = self.pool.count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
         if started:
             self.pool.latency.stop(LOOKUP, started)
@@ -114,7 +114,7 @@ class PrefixCache:
         Raises:
             InvalidArgument: ``out`` has the wrong dtype, shape or memory order.
         """
-        started = self.pool.latency.start()
+        started = self.pool.latency.start(RETRIEVE)
         tokens = as_tokens(token_ids)
         limit = len(tokens) if max_tokens is None else whole_number(max_tokens, "max_tokens")
         if out is None:
