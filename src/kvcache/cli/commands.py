@@ -42,6 +42,19 @@ class Unhealthy(Exception):
 
 
 def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    try:
+        return _create(args, out)
+    except PoolExistsError:
+        if not args.exist_ok:
+            raise
+    # --exist-ok (boot units: a service restarted while its pool lives on keeps the pool)
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
+        stats = pool.stats()
+    out.line(f"pool '{args.name}' exists already: left as it is ({stats.num_entries} entries)")
+    return {"created": None, "existing": stats.to_dict()}
+
+
+def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     # With --restore the flags still describe the pool (the same one whether or
     # not a snapshot exists); the snapshot only fills it.
     options: dict[str, Any] = {

@@ -173,6 +173,11 @@ def build(prog: str) -> argparse.ArgumentParser:
         "--restore", action="store_true", help="fill it from its snapshot, if there is one"
     )
     p.add_argument("--snapshot", help="snapshot for --restore (default: the pool's default path)")
+    p.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="if the pool exists already, leave it as it is and succeed (boot units)",
+    )
     _trust(p)
     _json(p)
 
