@@ -24,6 +24,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from kvcache import metrics  # noqa: E402
+from kvcache.cli.operations import WATCH_COLUMNS  # noqa: E402
 
 CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
@@ -193,17 +194,7 @@ def test_watch_piped_prints_a_line_per_interval(busy_pool: str) -> None:
     result = cortex("status", busy_pool, "--watch", "--interval", "0.2", "--count", "3")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == [
-        "TIME",
-        "HITS/S",
-        "MISSES/S",
-        "PUTS/S",
-        "IN-MB/S",
-        "OUT-MB/S",
-        "EVICT/S",
-        "USED",
-        "PROCS",
-    ]
+    assert lines[0].split() == list(WATCH_COLUMNS)
     assert len(lines) == 4 and all(re.match(r"\s*\d\d:\d\d:\d\d\s", line) for line in lines[1:])
 
 
