@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from kvcache.counters import (
     bucket_of,
 )
 from kvcache.layout import FORMAT_VERSION, HEADER_BYTES, METRICS_BYTES, METRICS_OFFSET
+from kvcache.reports import Histogram, Rates
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
 
@@ -182,3 +184,25 @@ def test_format_5_pools_are_refused(pool_name: str) -> None:
         f.write((5).to_bytes(8, "little"))
     with pytest.raises(IncompatiblePoolError, match="format version 5, this kvcache reads 6"):
         kvcache.open(pool_name)
+
+
+def test_quantiles_are_bucket_bounds() -> None:
+    histogram = Histogram((0, 90, 0, 9, *([0] * (NUM_BUCKETS - 5)), 1), 0.5)
+    assert histogram.count == 100 and histogram.mean_s == 0.005
+    assert histogram.quantile(0.5) == LATENCY_BOUNDS_S[1]
+    assert histogram.quantile(0.95) == LATENCY_BOUNDS_S[3]
+    assert histogram.quantile(1.0) == math.inf
+    assert Histogram((0,) * NUM_BUCKETS, 0.0).quantile(0.5) == 0.0
+
+
+def test_rates_between_two_readings(make_pool: Callable[..., kvcache.Pool]) -> None:
+    pool = make_pool("1M", page_size="4K")
+    before = pool.stats()
+    for i in range(10):
+        pool.put(f"k{i}", b"x" * 100)
+        pool.get(f"k{i}")
+    rates = Rates.between(before, pool.stats(), 2.0)
+    assert (rates.hits_per_s, rates.puts_per_s, rates.in_bytes_per_s) == (5.0, 5.0, 500.0)
+    pool.reset_stats()
+    after_reset = Rates.between(before, pool.stats(), 1.0)  # went down: counted from zero
+    assert after_reset.hits_per_s == 0.0
