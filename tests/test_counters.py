@@ -206,3 +206,11 @@ def test_rates_between_two_readings(make_pool: Callable[..., kvcache.Pool]) -> N
     pool.reset_stats()
     after_reset = Rates.between(before, pool.stats(), 1.0)  # went down: counted from zero
     assert after_reset.hits_per_s == 0.0
+
+
+def test_close_unmaps_the_pool(make_pool: Callable[..., kvcache.Pool]) -> None:
+    pool = make_pool("1M", page_size="4K")
+    pool.put("k", b"v")
+    segment = pool._segment
+    pool.close()
+    assert segment.buffer.closed  # no view of the metrics region kept it mapped

@@ -523,6 +523,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             problems, sound = recovery.inspect(self._recovery_parts())
             if repair and problems:
                 recovery.rebuild(self._recovery_parts())
+                self._metrics.repair()
                 self._hq[H.repairs] += 1
         for eid in sound:
             key = self._verify_entry(eid, remove=repair)
@@ -577,6 +578,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
             self._metrics = self._mq = None  # type: ignore[assignment]
+            self._latency = Latency(0, _discard_samples)  # its flush holds the region's views
             self._views.release()
             self._segment.close()
 
@@ -1242,6 +1244,10 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         recovery.rebuild(self._recovery_parts())
         self._metrics.repair()
         self._hq[H.repairs] += 1
+
+
+def _discard_samples(counts: list[int], sums_ns: list[int]) -> None:
+    pass
 
 
 def _reopen_locks_after_fork() -> None:
