@@ -21,11 +21,11 @@ own 4 KiB right after the header, so that neither grows into the other::
 Every word is changed under the pool lock, so counts from all processes add up
 and outlive them; ``Pool.reset_stats`` zeroes them all (and the header's).
 
-Latency is sampled: one op in ``DEFAULT_SAMPLE_EVERY`` of each process is timed, and a
-process adds its samples to the segment ``FLUSH_SAMPLES`` at a time (and when it
-closes the pool), so timing costs no lock hold of its own. Timing every op cost
-0.25 us per op here (two clock reads and the bucket), 5% of a 4 KiB get; sampled,
-the cost is below the noise (``benchmarks/bench_metrics.py``).
+Latency is sampled: one op in ``DEFAULT_SAMPLE_EVERY`` of each process is timed,
+and a process adds its samples to the segment ``FLUSH_SAMPLES`` at a time (and when
+it closes the pool), so timing costs no lock hold of its own. Timing every op cost
+up to 22% of a 4 KiB get_into on the 2-core VM; one in 16, within 3%
+(``benchmarks/bench_metrics.py``, README).
 """
 
 from __future__ import annotations
