@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -214,3 +215,16 @@ def test_close_unmaps_the_pool(make_pool: Callable[..., kvcache.Pool]) -> None:
     segment = pool._segment
     pool.close()
     assert segment.buffer.closed  # no view of the metrics region kept it mapped
+
+
+def test_a_forked_child_does_not_add_its_parents_samples_again(
+    make_pool: Callable[..., kvcache.Pool],
+) -> None:
+    pool = make_pool("1M", page_size="4K")
+    pool.put("k", b"v")  # one sample waiting in this process
+    pid = os.fork()
+    if pid == 0:
+        pool.close()  # the child's close flushes what the child has: nothing
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert pool.metrics().latency["put"].count == 1

@@ -52,8 +52,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from . import lifecycle
 from .errors import InvalidArgument, KVCacheError
-from .lifecycle import list_pools, open
 from .reports import Histogram, PoolMetrics, PoolStats
 
 DEFAULT_HOST = "127.0.0.1"
@@ -105,7 +105,9 @@ class PoolCollector(Collector):
         open_kwargs: passed to :func:`kvcache.open` (``trust_owner``, ``trust_group``).
     """
 
-    def __init__(self, names: Callable[[], Iterable[str]] = list_pools, **open_kwargs: Any) -> None:
+    def __init__(
+        self, names: Callable[[], Iterable[str]] = lifecycle.list_pools, **open_kwargs: Any
+    ) -> None:
         self._names = names
         self._open_kwargs = open_kwargs
 
@@ -128,7 +130,7 @@ class PoolCollector(Collector):
         )
 
     def _read(self, name: str) -> _Reading:
-        with open(name, chain=False, **self._open_kwargs) as pool:
+        with lifecycle.open(name, chain=False, **self._open_kwargs) as pool:
             return _Reading(pool.stats(), pool.metrics(), pool.remote_counts())
 
 

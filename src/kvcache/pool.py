@@ -665,6 +665,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         lease (the parent's entries would look alive while the child runs).
         """
         self._lock.reopen_after_fork()
+        # the parent's waiting latency samples are the parent's to add (and its guard
+        # may have been held by one of its threads at the fork)
+        self._latency = Latency(sample_every(), self._metrics.add_latency)
         try:
             self._slot, self._serial = self._procs.claim(self._lock.fd)
         except PoolFullError:
