@@ -126,24 +126,20 @@ def micro_costs_ns() -> tuple[float, float]:
     return (countdown - empty) * 1e9, (increment - empty) * 1e9
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    parser.add_argument("--quick", action="store_true", help="one round of short repeats")
-    args = parser.parse_args(argv)
-    rounds = 1 if args.quick else args.rounds
+def before_and_after(rounds: int, quick: bool) -> None:
+    """The first table: the revision before the metrics region beside this tree's variants."""
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:
         base_src = unpack_revision(BASE, Path(tmp))
         if base_src is None:
             print(f"revision {BASE} is not in this clone: nothing to compare")
-            return 0
+            return
         for size, count in CASES:
             runs: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
             for _ in range(rounds):
                 for label, environ in VARIANTS.items():
                     src = base_src if environ is None else REPO / "src"
-                    runs[label].append(measure(src, size, count, False, args.quick, environ))
+                    runs[label].append(measure(src, size, count, False, quick, environ))
             for op in OPS:
                 medians = {label: statistics.median(r[op] for r in runs[label]) for label in runs}
                 base = medians["before"]
@@ -166,6 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows,
         ["put overwrites; get returns new bytes; get_into fills one buffer."],
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--quick", action="store_true", help="one round of short repeats")
+    args = parser.parse_args(argv)
+    before_and_after(1 if args.quick else args.rounds, args.quick)
     paired_rounds = 3 if args.quick else 21
     paired: list[list[object]] = []
     for size, count in CASES:

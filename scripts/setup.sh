@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.10) and install kvcache with its command line's rich, its test
 # and lint tools, torch and transformers (for kvcache.integrations.transformers, its tests
-# and the demo). The dev extra brings test, which brings cli (rich) and redis (redis-py).
+# and the demo). The dev extra brings test, which brings cli (rich), redis (redis-py) and
+# metrics (prometheus_client).
 # The remote-tier tests also need redis-server and redis-cli on PATH, which this script
 # leaves to the system's packages (.ci/run installs them; it runs as root, users may not).
 # Sourced by demo.sh and test.sh; safe to run again (pip skips what is there).
