@@ -242,7 +242,7 @@ DOCUMENTED_SESSION = [
     "access-log {name} --off",
     "stats {name}",
     "status {name} --watch --interval 0.1 --count 1",
-    "metrics",
+    "metrics --pool {name}",
     "destroy {name} --yes",
     "restore {name}",
     "delete {name} --yes",

@@ -44,7 +44,7 @@ def exported(make_pool: Callable[..., kvcache.Pool]) -> set[str]:
     pc = PrefixCache(pool, "m", KVLayout(1, 1, 4, "float32"), chunk_tokens=4)
     pc.store(np.arange(4), np.ones((1, 2, 1, 4, 4), np.float32))
     pc.retrieve(np.arange(4))
-    text = metrics.exposition()
+    text = metrics.exposition(pools=[pool.name])
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {
         family.name + suffix

@@ -100,7 +100,8 @@ def test_metrics_once_prints_every_pool(busy_pool: str) -> None:
 
 def test_the_endpoint_serves_on_loopback_and_is_scraped(busy_pool: str) -> None:
     server = subprocess.Popen(
-        [CORTEX, "cache", "metrics", "--serve", ":0"],  # any free port, host by default
+        # any free port, host by default; --pool: other pools on this machine are not ours
+        [CORTEX, "cache", "metrics", "--serve", ":0", "--pool", busy_pool],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -127,14 +128,26 @@ def test_the_endpoint_serves_on_loopback_and_is_scraped(busy_pool: str) -> None:
 
 def test_textfile_is_written_whole(busy_pool: str, tmp_path: Path) -> None:
     target = tmp_path / "kvcache.prom"
-    result = cortex("metrics", "--textfile", str(target))
+    result = cortex("metrics", "--textfile", str(target), "--pool", busy_pool)
     assert result.returncode == 0, result.stderr
     check_busy_pool(samples_of(target.read_text(), busy_pool))
     assert [p.name for p in tmp_path.iterdir()] == ["kvcache.prom"]  # no temporary left
 
 
 def test_the_exporter_api_matches_the_command(busy_pool: str) -> None:
-    check_busy_pool(samples_of(metrics.exposition(), busy_pool))
+    check_busy_pool(samples_of(metrics.exposition(pools=[busy_pool]), busy_pool))
+
+
+def test_pool_limits_the_exposition_to_the_pools_named(busy_pool: str) -> None:
+    result = cortex("metrics", "--pool", busy_pool)
+    assert result.returncode == 0, result.stderr
+    pools = {
+        s.labels["pool"]
+        for family in text_string_to_metric_families(result.stdout)
+        for s in family.samples
+        if "pool" in s.labels
+    }
+    assert pools == {busy_pool}
 
 
 def test_an_unreadable_pool_is_counted_not_fatal(busy_pool: str) -> None:

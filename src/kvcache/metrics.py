@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,10 +232,13 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return cumulative
 
 
-def registry(**open_kwargs: Any) -> CollectorRegistry:
-    """A registry holding a :class:`PoolCollector` of every pool (and nothing else)."""
+def registry(pools: Sequence[str] = (), **open_kwargs: Any) -> CollectorRegistry:
+    """A registry holding a :class:`PoolCollector` (and nothing else) of ``pools``, or of
+    every pool on the machine without them. The functions below pass their keyword
+    arguments here."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PoolCollector(**open_kwargs))
+    names = (lambda: pools) if pools else lifecycle.list_pools
+    reg.register(PoolCollector(names, **open_kwargs))
     return reg
 
 

@@ -44,7 +44,7 @@ def metrics(args: argparse.Namespace, out: Output) -> dict[str, object]:
         if (exc.name or "").partition(".")[0] != "prometheus_client":
             raise
         raise InvalidArgument(NEEDS_PROMETHEUS) from None
-    trust = trust_kwargs(args)
+    trust = {**trust_kwargs(args), "pools": args.pool or ()}
     if args.textfile is not None:
         exporter.write_textfile(args.textfile, **trust)
         return {"textfile": args.textfile}

@@ -232,6 +232,12 @@ def build(prog: str) -> argparse.ArgumentParser:
         metavar="PATH",
         help="write them to PATH atomically, for node_exporter's textfile collector",
     )
+    p.add_argument(
+        "--pool",
+        action="append",
+        metavar="NAME",
+        help="only this pool (repeat for more; default every pool on the machine)",
+    )
     _trust(p)
 
     p = _command(
