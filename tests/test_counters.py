@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 import kvcache
-from kvcache import IncompatiblePoolError, InvalidArgument, KVLayout, PoolFullError, PrefixCache
+from kvcache import (
+    IncompatiblePoolError,
+    InvalidArgument,
+    KVLayout,
+    PoolConfig,
+    PoolFullError,
+    PrefixCache,
+)
 from kvcache.counters import (
     LATENCY_BOUNDS_S,
     MAX_MODELS,
@@ -22,7 +29,7 @@ from kvcache.counters import (
     M,
     bucket_of,
 )
-from kvcache.layout import FORMAT_VERSION, HEADER_BYTES, METRICS_BYTES, METRICS_OFFSET
+from kvcache.layout import FORMAT_VERSION, HEADER_BYTES, METRICS_BYTES, METRICS_OFFSET, Geometry
 from kvcache.reports import Histogram, Rates
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
@@ -37,6 +44,8 @@ def test_region_follows_the_header_and_fits() -> None:
     assert METRICS_OFFSET == HEADER_BYTES
     assert METRICS_DTYPE.itemsize <= METRICS_BYTES
     assert FORMAT_VERSION == 6
+    geometry = Geometry.for_config(PoolConfig.build("1M", page_size="4K"))
+    assert geometry.procs_offset == METRICS_OFFSET + METRICS_BYTES  # nothing else in it
 
 
 def test_buckets_are_powers_of_two_microseconds() -> None:
