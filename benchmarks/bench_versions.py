@@ -63,9 +63,17 @@ def unpack_revision(rev: str, into: Path) -> Path | None:
     return into / "src"
 
 
-def measure(src: Path, size: int, count: int, verify: bool, quick: bool) -> dict[str, float]:
-    """One variant's rates, in a child process that imports kvcache from ``src``."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
+def measure(
+    src: Path,
+    size: int,
+    count: int,
+    verify: bool,
+    quick: bool,
+    environ: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """One variant's rates, in a child process that imports kvcache from ``src`` (with
+    ``environ`` added to its environment)."""
+    env = {**os.environ, **(environ or {}), "PYTHONPATH": str(src)}
     code = _CHILD.format(benchmarks=str(REPO / "benchmarks"))
     result = subprocess.run(
         [sys.executable, "-c", code, json.dumps([size, count, verify, quick])],

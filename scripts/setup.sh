@@ -2,8 +2,8 @@
 # Create .venv (Python >= 3.10) and install kvcache with its command line's rich, its test
 # and lint tools, torch and transformers (for kvcache.integrations.transformers, its tests
 # and the demo); with --llama-cpp (test.sh passes it) also llama-cpp-python and gguf
-# (kvcache.integrations.llama_cpp). The dev extra brings test, which brings cli (rich) and
-# redis (redis-py).
+# (kvcache.integrations.llama_cpp). The dev extra brings test, which brings cli (rich),
+# redis (redis-py) and metrics (prometheus_client).
 # The remote-tier tests also need redis-server and redis-cli on PATH, which this script
 # leaves to the system's packages (.ci/run installs them; it runs as root, users may not).
 # Sourced by demo.sh and test.sh; safe to run again (pip skips what is there).

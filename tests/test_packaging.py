@@ -24,11 +24,13 @@ CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "corte
 EXTRAS_ONLY = {
     "kvcache.__main__": "runs the command line on import",
     "kvcache.cli.commands": "rich",
+    "kvcache.cli.operations": "rich",
     "kvcache.cli.output": "rich",
     "kvcache.cli.simulating": "rich",
     "kvcache.integrations.devices": "torch",
     "kvcache.integrations.llama_cpp": "llama-cpp-python",
     "kvcache.integrations.transformers": "torch, transformers",
+    "kvcache.metrics": "prometheus_client",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""
 
@@ -111,7 +113,7 @@ import kvcache
 from kvcache import KVLayout, PrefixCache
 
 name, snapshot, extras_only = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-extras = ("redis", "rich", "torch", "transformers", "llama_cpp", "gguf")
+extras = ("redis", "rich", "torch", "transformers", "llama_cpp", "gguf", "prometheus_client")
 failed = {}
 for module in pkgutil.walk_packages(kvcache.__path__, "kvcache."):
     if module.name not in extras_only:
@@ -160,7 +162,7 @@ def test_the_library_works_without_rich_torch_transformers_or_redis(tmp_path: Pa
     name = f"test-{uuid.uuid4().hex[:12]}"
     try:
         result = _without(
-            {"redis", "rich", "torch", "transformers"},
+            {"redis", "rich", "torch", "transformers", "prometheus_client"},
             tmp_path,
             sys.executable,
             "-c",
@@ -220,3 +222,10 @@ def test_the_command_line_without_rich_says_what_to_install(tmp_path: Path, comm
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "error:" in result.stderr and "pip install 'kvcache[cli]'" in result.stderr
+
+
+def test_metrics_without_prometheus_client_says_what_to_install(tmp_path: Path) -> None:
+    result = _without({"prometheus_client"}, tmp_path, CORTEX, "cache", "metrics")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "pip install 'kvcache[metrics]'" in result.stderr

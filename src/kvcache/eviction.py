@@ -24,6 +24,7 @@ import numpy as np
 
 from .allocator import PageAllocator
 from .config import PoolConfig
+from .counters import M
 from .entries import EntryTable
 from .errors import InvalidArgument, OutOfSharedMemoryError, PoolFullError, reports_damage
 from .layout import ENTRY_WORDS, READY, WRITING, E, H, Views
@@ -83,6 +84,7 @@ class EvictionMixin:
     name: str
     config: PoolConfig
     _hq: memoryview
+    _mq: memoryview  # the metrics region's words (kvcache.counters)
     _hd: memoryview[float]
     _eq: memoryview
     _views: Views
@@ -144,6 +146,7 @@ class EvictionMixin:
                     ):
                         used = self._hq[H.used_pages]
                         removed = self._evict_one(eid)
+                        self._mq[M.evictions_explicit] += removed
                         freed += used - self._hq[H.used_pages]
                         num_entries += removed
         return EvictionResult(num_entries, num_expired, freed * self._page_size)

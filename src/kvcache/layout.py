@@ -7,6 +7,9 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               |                             |  lock/dirty state, clock, counters,
               |                             |  retired (destroyed or replaced)
               +-----------------------------+
+              | metrics (4 KiB)             |  operators' counters and latency
+              |                             |  histograms (``kvcache.counters``)
+              +-----------------------------+
               | process table               |  max_processes x (serial, pid, start
               |                             |  time, pid namespace); each slot's
               |                             |  first byte carries its holder's lease
@@ -50,9 +53,12 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 5
-READABLE_VERSIONS = (5,)
-"""5: entries record their place in a prompt's chunk tree (parent, children,
+FORMAT_VERSION = 6
+READABLE_VERSIONS = (6,)
+"""6: a metrics region follows the header (``kvcache.counters``: bytes in and out,
+evictions by reason, failed puts, PrefixCache tokens by model, latency histograms),
+moving every region after it, so format-5 pools are refused like older ones.
+5: entries record their place in a prompt's chunk tree (parent, children,
 depth) and probation, and a ghost table remembers keys evicted lately, for the
 ``prefix`` policy; the longer records move every region, so format-4 pools are
 refused (persist them with the kvcache that made them and restore here). The
@@ -66,6 +72,9 @@ slot (not pid) and carry a checksum over their flags, lengths and bytes, and
 wall-clock times; the header's ``retired`` word tells attached processes the
 pool was destroyed or replaced. 1 was the first."""
 HEADER_BYTES = 4096
+METRICS_OFFSET = HEADER_BYTES
+METRICS_BYTES = 4096
+"""The metrics region (format 6): its own page after the header; see ``kvcache.counters``."""
 ALIGN_BYTES = 4096
 
 COUNTERS = (
@@ -276,7 +285,7 @@ class Geometry:
     def for_config(cls, config: PoolConfig) -> Geometry:
         """Lay out the regions for ``config``; the index keeps a load factor <= 1/2."""
         index_slots = 1 << max(1, (2 * config.max_entries - 1).bit_length())
-        procs = HEADER_BYTES
+        procs = METRICS_OFFSET + METRICS_BYTES
         entries = _align(procs + config.max_processes * PROC_DTYPE.itemsize)
         live = _align(entries + config.max_entries * ENTRY_DTYPE.itemsize)
         index = _align(live + config.max_entries * 8)
@@ -321,6 +330,7 @@ class Views:
         self.header = np.ndarray((), HEADER_DTYPE, buffer=buffer, offset=0)
         self.header_q = raw[:HEADER_BYTES].cast("q")
         self.header_d = raw[:HEADER_BYTES].cast("d")
+        self.metrics = raw[METRICS_OFFSET : METRICS_OFFSET + METRICS_BYTES]
         entry_bytes = raw[
             g.entries_offset : g.entries_offset + g.max_entries * ENTRY_DTYPE.itemsize
         ]

@@ -237,6 +237,7 @@ def open(
     verify_reads: bool = False,
     trust_owner: str | int | None = None,
     trust_group: bool = False,
+    chain: bool = True,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -251,6 +252,9 @@ def open(
             are refused by default: their owner can read and change every value
             (see :mod:`kvcache.owners`). Root's pools are always accepted.
         trust_group: also accept a pool whose file group is one of the caller's.
+        chain: also open the pools below it and connect to its remote tier; False
+            opens the pool alone (its reads and writes stay in it), for reading its
+            counters without a connection per look (``kvcache.metrics``).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
@@ -260,7 +264,8 @@ def open(
     """
     trust = owners.Trust.build(trust_owner, trust_group)
     pool = _open_unchained(name, _Handles(trust, verify_reads, clock, rng))
-    _follow_chain_of_top(pool, _Handles(trust, verify_reads, clock, rng))
+    if chain:
+        _follow_chain_of_top(pool, _Handles(trust, verify_reads, clock, rng))
     return pool
 
 

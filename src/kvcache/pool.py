@@ -17,6 +17,7 @@ copied under the lock, which is cheaper than locking twice.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import stat
@@ -33,6 +34,7 @@ from . import codec, durable, recovery, segment, transfer
 from .accesslog import AccessLogMixin
 from .allocator import PageAllocator, Run
 from .config import PoolConfig
+from .counters import COUNTER_NAMES, GET, PUT, Latency, M, MetricsRegion, sample_every
 from .entries import EntryTable
 from .errors import (
     DAMAGE_SIGNS,
@@ -60,6 +62,7 @@ from .layout import (
     KEY_IS_STR,
     PRIORITY_LIMIT,
     READY,
+    REMOTE_COUNTERS,
     VALUE_IS_ARRAY,
     WRITING,
     E,
@@ -72,7 +75,7 @@ from .mapping import READ_ATTEMPTS, Default, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .remote.mixin import RemoteMixin
-from .reports import EntryInfo, PoolStats
+from .reports import EntryInfo, PoolMetrics, PoolStats
 from .stored import EntryRef, StoredEntry
 from .tiers import Below, TierMixin
 from .tree import ChunkTree
@@ -172,6 +175,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._entries = EntryTable(views)
         self._index = HashIndex(views)
         self._lock = PoolLock(seg.fd, self._hq, self._repair_after_crash, self.name)
+        self._metrics = MetricsRegion(views.metrics, self._lock)
+        self._mq = self._metrics.q
+        self._latency = Latency(sample_every(), self._metrics.add_latency)
         # The slot's lease is held through the lock's own description (see procs).
         self._procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
         try:
@@ -197,6 +203,16 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def tier(self) -> str:
         """``disk`` if the pool's file is on a disk, ``cpu`` if it is in RAM (shared memory)."""
         return "disk" if self._on_disk else "cpu"
+
+    @property
+    def latency(self) -> Latency:
+        """This process's latency sampler for the pool (``kvcache.counters``): ``put`` and
+        ``get`` time themselves with it, ``PrefixCache`` its ``lookup`` and ``retrieve``."""
+        return self._latency
+
+    def count_tokens(self, model: str, *, queried: int = 0, hit: int = 0, stored: int = 0) -> None:
+        """Add to the token counters of ``model`` (a PrefixCache's; see :meth:`metrics`)."""
+        self._metrics.count_tokens(model, queried, hit, stored)
 
     @property
     def path(self) -> Path:
@@ -237,6 +253,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 smaller one is stored by evicting within those pages instead.
             InvalidArgument: bad key, value, priority or ttl.
         """
+        started = self._latency.start(PUT)
         key_bytes, flags = encode_key(key)
         encoded = codec.encode(value, self._num_pages * self._page_size - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
@@ -287,6 +304,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 checksum,
             )
             self._remote_after_put(stored, pieces)
+        if started:
+            self._latency.stop(PUT, started)
 
     def _refuse_too_large(self, num_bytes: int) -> None:
         if num_bytes > self._num_pages * self._page_size:
@@ -323,11 +342,14 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def get(self, key: Key, default: Default) -> Value | Default: ...
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
+        started = self._latency.start(GET)
         value = self._read(key, transfer.materialise)
         if value is None and self._below is not None:
             value = self._read_below(key, transfer.materialise)
         if value is None and self._remote is not None:
             value = self._read_remote(key, transfer.materialise)
+        if started:
+            self._latency.stop(GET, started)
         return default if value is None else value
 
     def get_into(self, key: Key, buffer: object) -> int | None:
@@ -357,11 +379,14 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             payload.copy_into(target)
             return length
 
+        started = self._latency.start(GET)
         length = self._read(key, copy)
         if length is None and self._below is not None:
             length = self._read_below(key, copy)
         if length is None and self._remote is not None:
             length = self._read_remote(key, copy)
+        if started:
+            self._latency.stop(GET, started)
         return length
 
     def __getitem__(self, key: Key) -> Value:
@@ -436,6 +461,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         with self._lock:
             h = self._hq
             counters = {name: h[getattr(H, name)] for name in COUNTERS}
+            counters.update((name, self._mq[getattr(M, name)]) for name in COUNTER_NAMES)
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
             attached = self._procs.live()  # under the lock: a close() may follow it at once
         here = me().pid_ns
@@ -452,6 +478,32 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             num_attached=len(attached),
             **counters,
         )
+
+    @reports_damage
+    def metrics(self) -> PoolMetrics:
+        """Latency histograms and PrefixCache token counters, as every process sees them
+        (counters without a unit are in :meth:`stats`). This process's latency samples
+        not yet added are added first."""
+        self._latency.flush()
+        with self._lock:
+            region = self._metrics.read()
+        return PoolMetrics.from_region(self.name, self.tier, region)
+
+    @reports_damage
+    def reset_stats(self) -> None:
+        """Zero every counter and histogram of :meth:`stats`, :meth:`metrics` and
+        :meth:`remote_stats`, for every process (``cortex cache stats NAME --reset``)."""
+        self._latency.drop()
+        with self._lock:
+            h = self._hq
+            for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
+                h[getattr(H, name)] = 0
+            self._metrics.reset(self._clock())
+
+    def _count_error(self) -> None:
+        # closed, destroyed or damaged meanwhile: the caller's own error says more
+        with contextlib.suppress(KVCacheError), self._lock:
+            self._mq[M.errors] += 1
 
     @reports_damage
     def check(self, repair: bool = False) -> list[str]:
@@ -471,6 +523,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             problems, sound = recovery.inspect(self._recovery_parts())
             if repair and problems:
                 recovery.rebuild(self._recovery_parts())
+                self._metrics.repair()
                 self._hq[H.repairs] += 1
         for eid in sound:
             key = self._verify_entry(eid, remove=repair)
@@ -512,6 +565,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         if self._remote is not None:
             self._remote.close()  # sends what is queued, for a bounded time
         self._close_access_log()
+        with contextlib.suppress(KVCacheError):  # destroyed or damaged: samples go with it
+            self._latency.flush()
         try:
             if self._on_disk:
                 self._close_cleanly()
@@ -522,6 +577,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._lock = ClosedLock(self.name)  # type: ignore[assignment]
             self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
+            self._metrics = self._mq = None  # type: ignore[assignment]
+            self._latency = Latency(0, _discard_samples)  # its flush holds the region's views
             self._views.release()
             self._segment.close()
 
@@ -608,6 +665,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         lease (the parent's entries would look alive while the child runs).
         """
         self._lock.reopen_after_fork()
+        # the parent's waiting latency samples are the parent's to add (and its guard
+        # may have been held by one of its threads at the fork)
+        self._latency = Latency(sample_every(), self._metrics.add_latency)
         try:
             self._slot, self._serial = self._procs.claim(self._lock.fd)
         except PoolFullError:
@@ -745,6 +805,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                         f"wrote it: {REPAIR_ADVICE}"
                     )
                 return self._finish(eid, checksum, history, replace, parent)
+        except (PoolFullError, OutOfSharedMemoryError):
+            self._count_error()
+            raise
         except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
             raise_as_damage(self.name, exc)
 
@@ -811,6 +874,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         clock = h[H.clock] + 1
         h[H.clock] = clock
         q, d = self._eq, self._ed
+        self._mq[M.bytes_out] += q[base + E.value_len]
         idle = clock - q[base + E.last_access]
         d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
         q[base + E.last_access] = clock
@@ -978,6 +1042,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._index.insert(eid, lo)
         self._entries.add_live(eid)
         h[H.puts] += 1
+        self._mq[M.bytes_in] += q[base + E.value_len]
         expires_at = d[base + E.expires_at]
         if expires_at < self._hd[H.next_expiry_at]:
             self._hd[H.next_expiry_at] = expires_at
@@ -1180,7 +1245,12 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
 
     def _repair_after_crash(self) -> None:
         recovery.rebuild(self._recovery_parts())
+        self._metrics.repair()
         self._hq[H.repairs] += 1
+
+
+def _discard_samples(counts: list[int], sums_ns: list[int]) -> None:
+    pass
 
 
 def _reopen_locks_after_fork() -> None:

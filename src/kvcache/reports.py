@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .counters import LATENCY_BOUNDS_S, MAX_MODELS, OPS, OTHER_MODEL, TOKEN_COUNTERS
 from .layout import VALUE_IS_ARRAY
 
 
@@ -32,6 +33,10 @@ class PoolStats:
     damaged: int  # entries dropped because their bytes no longer matched their checksum
     spills: int  # entries evictions moved to the lower pool
     promotions: int  # entries a hit below moved up into this pool
+    bytes_in: int  # value bytes stored (puts, restores, spills and promotions into this pool)
+    bytes_out: int  # value bytes of hits
+    evictions_explicit: int  # of evictions: entries removed by evict(), not to make room
+    errors: int  # puts refused: no room, or no memory to grow into
     attached: tuple[int, ...]  # pids of live processes with the pool open, in this PID namespace
     num_attached: int  # live processes with the pool open, in every PID namespace
 
@@ -47,6 +52,123 @@ class PoolStats:
         fields["attached"] = list(self.attached)
         fields["hit_rate"] = self.hit_rate
         return fields
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Sampled latencies of one operation: counts per bucket (not cumulative) and their sum.
+
+    ``counts[i]`` counts samples of at most ``bounds_s[i]`` seconds (and more than
+    the bound before); the last count, past every bound, is +Inf's.
+    """
+
+    counts: tuple[int, ...]
+    sum_s: float
+    bounds_s: tuple[float, ...] = LATENCY_BOUNDS_S
+
+    @property
+    def count(self) -> int:
+        """Samples in all buckets."""
+        return sum(self.counts)
+
+    @property
+    def mean_s(self) -> float:
+        """Mean duration, 0.0 without samples."""
+        return self.sum_s / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """The upper bound of the bucket holding quantile ``q`` (inf past the last
+        bound, 0.0 without samples): an estimate within a factor of two."""
+        needed, seen = q * self.count, 0
+        for bound, count in zip((*self.bounds_s, math.inf), self.counts, strict=True):
+            seen += count
+            if seen and seen >= needed:
+                return bound
+        return 0.0
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """A PrefixCache model's tokens: asked for by ``retrieve``, found, and stored."""
+
+    queried: int
+    hit: int
+    stored: int
+
+
+@dataclass(frozen=True)
+class PoolMetrics:
+    """What ``Pool.metrics`` reports: latency by operation and tokens by model."""
+
+    name: str
+    tier: str
+    latency: dict[str, Histogram]  # get, put, lookup, retrieve
+    tokens: dict[str, TokenCounts]  # by model id; "other" past the first 16 models
+    reset_at: float | None  # wall clock of the last reset_stats, None = never
+
+    @classmethod
+    def from_region(cls, name: str, tier: str, region: np.ndarray) -> PoolMetrics:
+        """From a copy of the segment's metrics region (``counters.METRICS_DTYPE``)."""
+        latency = {
+            op: Histogram(tuple(region["latency"][i].tolist()), int(region["latency_ns"][i]) / 1e9)
+            for i, op in enumerate(OPS)
+        }
+        rows = region["model_tokens"].tolist()
+        names = [raw.decode(errors="replace") for raw in region["model_names"].tolist()]
+        tokens = {model: TokenCounts(*rows[row]) for row, model in enumerate(names) if model}
+        if any(rows[MAX_MODELS]):
+            tokens[OTHER_MODEL] = TokenCounts(*rows[MAX_MODELS])
+        reset_at = float(region["reset_at"])
+        return cls(name, tier, latency, tokens, reset_at or None)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields, for JSON."""
+        return dataclasses.asdict(self)
+
+
+assert tuple(f.name for f in dataclasses.fields(TokenCounts)) == TOKEN_COUNTERS
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a pool did per second between two ``stats`` (``cortex cache status --watch``)."""
+
+    interval_s: float
+    hits_per_s: float
+    misses_per_s: float
+    puts_per_s: float
+    in_bytes_per_s: float  # value bytes stored
+    out_bytes_per_s: float  # value bytes of hits
+    evictions_per_s: float  # of every reason: capacity, expiry, explicit
+    used_bytes: int  # at the end of the interval
+    num_entries: int
+    num_attached: int
+
+    @classmethod
+    def between(cls, before: PoolStats, after: PoolStats, interval_s: float) -> Rates:
+        """The rates from ``before`` to ``after``, ``interval_s`` apart; a counter that went
+        down (``reset_stats`` meanwhile) counts from zero."""
+
+        def rate(name: str) -> float:
+            now, then = getattr(after, name), getattr(before, name)
+            return (now - then if now >= then else now) / interval_s
+
+        return cls(
+            interval_s,
+            rate("hits"),
+            rate("misses"),
+            rate("puts"),
+            rate("bytes_in"),
+            rate("bytes_out"),
+            rate("evictions") + rate("expirations"),
+            after.used_bytes,
+            after.num_entries,
+            after.num_attached,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain fields, for JSON."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

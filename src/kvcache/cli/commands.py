@@ -31,7 +31,9 @@ from ..policies import POLICIES
 from ..reports import PoolStats
 from ..snapshot import files
 from ..units import format_size
+from .operations import metrics, stats, watch
 from .output import Output
+from .parser import trust_kwargs
 from .simulating import simulate
 
 
@@ -40,6 +42,19 @@ class Unhealthy(Exception):
 
 
 def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
+    try:
+        return _create(args, out)
+    except PoolExistsError:
+        if not args.exist_ok:
+            raise
+    # --exist-ok (boot units: a service restarted while its pool lives on keeps the pool)
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
+        stats = pool.stats()
+    out.line(f"pool '{args.name}' exists already: left as it is ({stats.num_entries} entries)")
+    return {"created": None, "existing": stats.to_dict()}
+
+
+def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     # With --restore the flags still describe the pool (the same one whether or
     # not a snapshot exists); the snapshot only fills it.
     options: dict[str, Any] = {
@@ -62,7 +77,7 @@ def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 force=args.force,
                 tier=args.tier,
                 folder=args.path,
-                **_trust(args),
+                **trust_kwargs(args),
             )
         except PoolExistsError:
             raise PoolExistsError(
@@ -134,7 +149,7 @@ def _snapshot_to_create_from(args: argparse.Namespace) -> Path:
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    trust = _trust(args)
+    trust = trust_kwargs(args)
     described = [d for d in (_describe_pool(n, trust) for n in kvcache.list_pools()) if d]
     docs = [doc for doc, _ in described]
     rows = [row for _, row in described]
@@ -196,8 +211,12 @@ def _recorded_path(name: str) -> Path | None:
 
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.name is None:
+        if args.watch:
+            raise InvalidArgument("--watch needs a pool: cortex cache status NAME --watch")
         return list_pools(args, out)
-    with kvcache.open(args.name, **_trust(args)) as pool:
+    if args.watch:
+        return watch(args, out)
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
         below = _chain_below(pool)
         remote = _remote_doc(pool)
@@ -332,7 +351,7 @@ def _tier_row(depth: int, doc: dict[str, Any]) -> tuple[object, ...]:
 
 
 def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, **_trust(args)) as pool:
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
         listed = pool.entries(sort=args.sort, limit=args.limit or None)
         total = pool.stats().num_entries  # this pool's own (len() counts the whole chain)
     now = time.time()
@@ -358,7 +377,7 @@ def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, **_trust(args)) as pool:
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
         problems = pool.check(repair=args.repair)
         after = pool.check() if args.repair and problems else problems
     for problem in problems:
@@ -384,7 +403,7 @@ def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def persist(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, **_trust(args)) as pool:
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
         start = time.perf_counter()
         with out.progress(f"persisting {args.name}") as progress:
             path = kvcache.persist(pool, args.path, progress)
@@ -413,7 +432,7 @@ def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
                 progress=progress,
                 tier=args.tier,
                 folder=args.folder,
-                **_trust(args),
+                **trust_kwargs(args),
             )
         except PoolExistsError:
             raise PoolExistsError(
@@ -434,7 +453,7 @@ def restore(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, **_trust(args)) as pool:
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
         result = pool.evict(percent=args.percent, bytes=args.bytes, expired=args.expired)
     out.line(
         f"removed {result.num_entries + result.num_expired} entries ({result.num_expired} expired) "
@@ -445,7 +464,7 @@ def evict(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
     try:
-        with kvcache.open(args.name, **_trust(args)) as pool:
+        with kvcache.open(args.name, **trust_kwargs(args)) as pool:
             stats = pool.stats()
     except PoolNotFoundError:
         if not kvcache.segment.is_taken(args.name):
@@ -455,7 +474,7 @@ def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
         return {"destroyed": args.name, "num_entries": 0}
     if not args.yes:
         _confirm_destroy(args.name, stats)
-    kvcache.destroy(args.name, force=args.force, **_trust(args))
+    kvcache.destroy(args.name, force=args.force, **trust_kwargs(args))
     out.line(f"destroyed pool '{args.name}'")
     return {"destroyed": args.name, "num_entries": stats.num_entries}
 
@@ -480,7 +499,7 @@ def access_log(args: argparse.Namespace, out: Output) -> dict[str, object]:
         raise InvalidArgument("give a FILE to log to, or --off to stop logging")
     if args.off and args.max_size is not None:
         raise InvalidArgument("--max-size goes with a FILE, not with --off")
-    with kvcache.open(args.name, **_trust(args)) as pool:
+    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
         spec = pool.set_access_log(None if args.off else args.file, args.max_size)
     if spec is None:
         out.line(f"pool '{args.name}' no longer logs its prefix requests")
@@ -515,12 +534,9 @@ COMMANDS = {
     "access-log": access_log,
     "policies": policies,
     "simulate": simulate,
+    "metrics": metrics,
+    "stats": stats,
 }
-
-
-def _trust(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--trust-owner``/``--trust-group`` options as keyword arguments of the API."""
-    return {"trust_owner": args.trust_owner, "trust_group": args.trust_group}
 
 
 def _octal_mode(text: str) -> int:

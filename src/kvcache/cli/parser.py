@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..folders import TIERS
@@ -79,6 +79,11 @@ def _remote(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--password-file", metavar="FILE", help="with --remote: a file holding its password"
     )
+
+
+def trust_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--trust-owner``/``--trust-group`` options as keyword arguments of the API."""
+    return {"trust_owner": args.trust_owner, "trust_group": args.trust_group}
 
 
 def _trust(parser: argparse.ArgumentParser) -> None:
@@ -168,6 +173,11 @@ def build(prog: str) -> argparse.ArgumentParser:
         "--restore", action="store_true", help="fill it from its snapshot, if there is one"
     )
     p.add_argument("--snapshot", help="snapshot for --restore (default: the pool's default path)")
+    p.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="if the pool exists already, leave it as it is and succeed (boot units)",
+    )
     _trust(p)
     _json(p)
 
@@ -175,10 +185,60 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(sub, "status", "all pools, or one in detail", f"{e} status llama-cache")
+    p = _command(sub, "status", "all pools, or one in detail", f"{e} status llama-cache --watch")
     p.add_argument("name", nargs="?")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="show hits, misses, MB/s in and out, evictions per second, live (a line per "
+        "interval when piped)",
+    )
+    p.add_argument(
+        "--interval", default="1s", help="with --watch: seconds between lines (default 1s)"
+    )
+    p.add_argument(
+        "--count", type=_positive_number, help="with --watch: stop after N lines (default never)"
+    )
     _trust(p)
     _json(p)
+
+    p = _command(
+        sub,
+        "stats",
+        "a pool's counters, latency and tokens by model; --reset zeroes them",
+        f"{e} stats llama-cache --reset",
+    )
+    p.add_argument("name")
+    p.add_argument("--reset", action="store_true", help="then zero every counter (all processes)")
+    _trust(p)
+    _json(p)
+
+    p = _command(
+        sub,
+        "metrics",
+        "Prometheus metrics of every pool: printed once, served over HTTP, or written for "
+        "node_exporter",
+        f"{e} metrics --serve 127.0.0.1:9464",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--serve",
+        metavar="HOST:PORT",
+        help="serve /metrics over HTTP until stopped (host default 127.0.0.1: only this "
+        "machine; give 0.0.0.0:9464 to let others scrape)",
+    )
+    where.add_argument(
+        "--textfile",
+        metavar="PATH",
+        help="write them to PATH atomically, for node_exporter's textfile collector",
+    )
+    p.add_argument(
+        "--pool",
+        action="append",
+        metavar="NAME",
+        help="only this pool (repeat for more; default every pool on the machine)",
+    )
+    _trust(p)
 
     p = _command(
         sub, "entries", "list a pool's entries", f"{e} entries llama-cache --sort size --limit 20"

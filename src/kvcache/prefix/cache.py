@@ -15,6 +15,7 @@ import numpy as np
 
 from ..accesslog import chunk_id, chunk_ids
 from ..codec import byte_view
+from ..counters import LOOKUP, RETRIEVE
 from ..errors import InvalidArgument
 from ..pool import Pool
 from ..units import whole_number
@@ -70,11 +71,15 @@ class PrefixCache:
     def lookup(self, token_ids: object) -> int:
         """How many leading tokens of ``token_ids`` have cached KV (a multiple of chunk_tokens).
 
-        A presence check only (no copy, no effect on recency or hit counts): a
+        A presence check only (no copy, no effect on recency, hit or token counts): a
         chunk evicted or found damaged before ``retrieve`` shortens that hit. The
         chunks missing locally cost one round trip to a remote tier, not one each.
         """
-        return self.pool.count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
+        started = self.pool.latency.start(LOOKUP)
+        found = self.pool.count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
+        if started:
+            self.pool.latency.stop(LOOKUP, started)
+        return found
 
     def new_buffer(self, num_tokens: int) -> np.ndarray:
         """An uninitialised ``out=`` buffer for :meth:`retrieve` of up to ``num_tokens`` tokens.
@@ -109,6 +114,7 @@ class PrefixCache:
         Raises:
             InvalidArgument: ``out`` has the wrong dtype, shape or memory order.
         """
+        started = self.pool.latency.start(RETRIEVE)
         tokens = as_tokens(token_ids)
         limit = len(tokens) if max_tokens is None else whole_number(max_tokens, "max_tokens")
         if out is None:
@@ -128,6 +134,10 @@ class PrefixCache:
                 self._logged("retrieve", keys, hit=num_chunks, input_length=len(tokens))
             )
         kv = chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
+        if len(tokens):
+            self.pool.count_tokens(self.namespace.model, queried=len(tokens), hit=num_tokens)
+        if started:
+            self.pool.latency.stop(RETRIEVE, started)
         return like(out, kv, self.layout.dtype), num_tokens
 
     def store(
@@ -197,6 +207,8 @@ class PrefixCache:
             parent_id = chunk_id(keys[first - 1]) if first else 0
             stored = [keys[index] for index in written]
             access_log.write(self._logged("store", stored, parent=parent_id, depth=first))
+        if written:
+            self.pool.count_tokens(self.namespace.model, stored=len(written) * size)
         return len(written) * size
 
     def __repr__(self) -> str:

@@ -40,6 +40,7 @@ class RemoteMixin:
     _demote_to: RemoteLink | None = None
     _lock: Any
     _hq: Any
+    _views: Any
     _clock: Callable[[], float]
     name: str
 
@@ -65,6 +66,17 @@ class RemoteMixin:
         return RemoteStats(
             spec.url, spec.namespace, spec.write_through, not link.is_down, link.problem, **counts
         )
+
+    def remote_counts(self) -> dict[str, int] | None:
+        """The remote tier's counters (``layout.REMOTE_COUNTERS``) from the header, without
+        a call to the remote (a pool opened with ``chain=False`` has them too); None if the
+        pool names no remote."""
+        if self._remote is not None:
+            self._remote.settle()
+        with self._lock:
+            if not self._views.header["remote_url"].item():
+                return None
+            return {name: int(self._hq[word]) for name, word in _WORDS.items()}
 
     def count_present(self, keys: Sequence[Key]) -> int:
         """How many of ``keys``, from the first, are in this pool, its chain or its remote.

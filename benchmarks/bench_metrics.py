@@ -1,0 +1,193 @@
+"""The cost of the operational counters and latency histograms (issue 14) on put and get.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_metrics.py            # 5 interleaved rounds, ~2 minutes
+    .venv/bin/python benchmarks/bench_metrics.py --quick    # smoke variant (CI)
+
+Method: as ``bench_versions`` (``bench_pool.measure_pool_ops`` in a fresh child process per
+variant, variants interleaved round by round, median over rounds), for 4 KiB and 1 MiB
+values, four variants side by side in one run:
+
+- ``before``: revision 06fdda5, the last before the metrics region (no new counters);
+- ``latency off``: this tree with ``KVCACHE_LATENCY_SAMPLE=0`` (counters only);
+- ``default``: this tree as shipped (counters, one op in 16 timed);
+- ``every op``: ``KVCACHE_LATENCY_SAMPLE=1`` (every op timed: why the default samples).
+
+The last columns are each variant's ops/s over ``before``'s (1.00 = no cost; the goal is
+the default within 3%).
+
+On a shared machine that table moves by 10-20% from run to run for 1 MiB values
+(memory bandwidth taken by others), more than the effect measured. So a second table
+pairs the sampler settings in one process on one pool: each round times a short batch
+of each op with the sampler off, as shipped and timing every op, back to back, and the
+ratio to "off" is the median over rounds of the per-round ratios. A third line times
+the two things a call does even with sampling off, in isolation (best of 7): the
+sampler's countdown and one counter word's increment. It prints tables and exits 0
+(it is not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from bench_pool import (
+    REPO,
+    KiB,
+    MiB,
+    fmt_int,
+    fmt_size,
+    new_pool_name,
+    pool_size_for,
+    print_table,
+    random_bytes,
+    temp_pool,
+)
+from bench_versions import measure, unpack_revision
+from kvcache.counters import DEFAULT_SAMPLE_EVERY, Latency, M
+
+BASE = "06fdda5"
+CASES = ((4 * KiB, 4096), (MiB, 32))
+VARIANTS = {
+    "before": None,
+    "latency off": {"KVCACHE_LATENCY_SAMPLE": "0"},
+    "default": {},
+    "every op": {"KVCACHE_LATENCY_SAMPLE": "1"},
+}
+OPS = ("put", "get", "get_into")
+SAMPLERS = {"off": 0, "default": DEFAULT_SAMPLE_EVERY, "every op": 1}
+
+
+def paired_ratios(size: int, count: int, rounds: int, batch_s: float) -> dict[str, list[float]]:
+    """Per op and sampler, the median over rounds of (ops/s with it) / (ops/s with it off),
+    all in this process on one warm pool."""
+    value, buffer = random_bytes(size), np.empty(size, np.uint8)
+    keys = [f"key-{i:08d}" for i in range(count)]
+    page = 64 * KiB
+    with temp_pool(
+        new_pool_name("metrics"), pool_size_for(size, count, page), page_size=page
+    ) as pool:
+        calls = {
+            "put": lambda: [pool.put(k, value) for k in keys],
+            "get": lambda: [pool.get(k) for k in keys],
+            "get_into": lambda: [pool.get_into(k, buffer) for k in keys],
+        }
+        calls["put"]()
+        loops = {op: _loops(call, batch_s) for op, call in calls.items()}
+        ratios: dict[str, dict[str, list[float]]] = {
+            op: {label: [] for label in SAMPLERS} for op in OPS
+        }
+        for _ in range(rounds):
+            for op, call in calls.items():
+                rates = {}
+                for label, every in SAMPLERS.items():
+                    pool._latency = Latency(every, pool._metrics.add_latency)
+                    start = time.perf_counter()
+                    for _ in range(loops[op]):
+                        call()
+                    rates[label] = loops[op] * count / (time.perf_counter() - start)
+                for label in SAMPLERS:
+                    ratios[op][label].append(rates[label] / rates["off"])
+    return {op: [statistics.median(ratios[op][label]) for label in SAMPLERS] for op in OPS}
+
+
+def _loops(call: Callable[[], object], batch_s: float) -> int:
+    call()
+    start = time.perf_counter()
+    call()
+    return max(1, round(batch_s / max(time.perf_counter() - start, 1e-9)))
+
+
+def micro_costs_ns() -> tuple[float, float]:
+    """Best-of-7 nanoseconds of the sampler's countdown (sampling off) and of one counter
+    increment, each alone."""
+    off = Latency(0, lambda counts, sums: None)
+    words = memoryview(bytearray(4096)).cast("q")
+    n = 200_000
+    countdown = min(timeit.repeat("off.start(0)", globals=locals(), number=n, repeat=7)) / n
+    increment = (
+        min(
+            timeit.repeat(
+                "words[M.bytes_out] += 4096", globals={**locals(), "M": M}, number=n, repeat=7
+            )
+        )
+        / n
+    )
+    empty = min(timeit.repeat("pass", number=n, repeat=7)) / n
+    return (countdown - empty) * 1e9, (increment - empty) * 1e9
+
+
+def before_and_after(rounds: int, quick: bool) -> None:
+    """The first table: the revision before the metrics region beside this tree's variants."""
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base_src = unpack_revision(BASE, Path(tmp))
+        if base_src is None:
+            print(f"revision {BASE} is not in this clone: nothing to compare")
+            return
+        for size, count in CASES:
+            runs: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
+            for _ in range(rounds):
+                for label, environ in VARIANTS.items():
+                    src = base_src if environ is None else REPO / "src"
+                    runs[label].append(measure(src, size, count, False, quick, environ))
+            for op in OPS:
+                medians = {label: statistics.median(r[op] for r in runs[label]) for label in runs}
+                base = medians["before"]
+                rows.append(
+                    [
+                        fmt_size(size),
+                        op,
+                        *[fmt_int(medians[label]) for label in VARIANTS],
+                        *[f"{medians[label] / base:.3f}" for label in list(VARIANTS)[1:]],
+                    ]
+                )
+    print_table(
+        f"Counters and latency histograms: ops/s, median of {rounds} interleaved rounds",
+        [
+            "value",
+            "operation",
+            *VARIANTS,
+            *[f"{label}/before" for label in list(VARIANTS)[1:]],
+        ],
+        rows,
+        ["put overwrites; get returns new bytes; get_into fills one buffer."],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--quick", action="store_true", help="one round of short repeats")
+    args = parser.parse_args(argv)
+    before_and_after(1 if args.quick else args.rounds, args.quick)
+    paired_rounds = 3 if args.quick else 21
+    paired: list[list[object]] = []
+    for size, count in CASES:
+        medians = paired_ratios(size, count, paired_rounds, 0.01 if args.quick else 0.1)
+        paired += [[fmt_size(size), op, *[f"{r:.3f}" for r in medians[op]]] for op in OPS]
+    print_table(
+        f"Paired in one process: ops/s over sampling off, median of {paired_rounds} rounds",
+        ["value", "operation", *SAMPLERS],
+        paired,
+        [f"default: one call in {DEFAULT_SAMPLE_EVERY} of each op timed"],
+    )
+    countdown_ns, increment_ns = micro_costs_ns()
+    print(
+        f"\nalone, best of 7: the sampler's countdown {countdown_ns:.0f} ns, "
+        f"one counter increment {increment_ns:.0f} ns (a call makes one of each)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

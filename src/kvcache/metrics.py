@@ -1,0 +1,306 @@
+"""Prometheus exposition of every pool on the machine (``cortex cache metrics``).
+
+``PoolCollector`` is a ``prometheus_client`` collector that opens each pool at scrape
+time (alone: ``open(chain=False)``, so no remote tier is dialled), reads its
+counters (``Pool.stats``, ``Pool.metrics``, ``Pool.remote_counts``) and closes it
+again. Nothing is cached between scrapes: every number comes from the segments,
+so whichever process serves ``/metrics``, it reports what all processes did.
+
+Families (labels ``pool`` and ``tier``; ``tier`` is ``cpu``, ``disk`` or, for the
+remote tier's counters, ``remote``):
+
+====================================================  =====================================
+``kvcache_hits_total`` / ``kvcache_misses_total``     lookups found / not found
+``kvcache_puts_total``                                entries stored (remote: written)
+``kvcache_written_bytes_total``                       value bytes stored (remote: sent)
+``kvcache_read_bytes_total``                          value bytes of hits (remote: received)
+``kvcache_evictions_total{reason}``                   capacity, expiry, explicit
+``kvcache_spills_total`` / ``kvcache_promotions_total``  moves down / up the chain
+``kvcache_errors_total``                              refused puts (remote: failed calls)
+``kvcache_damaged_entries_total``                     entries dropped for a bad checksum
+``kvcache_repairs_total``                             repairs after a crash or ``--repair``
+``kvcache_dropped_writes_total``                      remote writes dropped (queue, down)
+``kvcache_remote_call_seconds_total`` / ``_calls_total``  time in remote calls, and calls
+``kvcache_size_bytes`` / ``kvcache_used_bytes``       capacity and pages in use
+``kvcache_entries`` / ``kvcache_attached_processes``  live entries, processes attached
+``kvcache_operation_duration_seconds{op}``            sampled latency: get, put, lookup,
+                                                      retrieve (histogram)
+``kvcache_prefix_query_tokens_total{model}``          tokens PrefixCache.retrieve asked for
+``kvcache_prefix_hit_tokens_total{model}``            ... and found (hit rate in tokens)
+``kvcache_prefix_stored_tokens_total{model}``         tokens PrefixCache.store wrote
+``kvcache_unreadable_pools``                          pools this exporter could not open
+====================================================  =====================================
+
+Needs the ``metrics`` extra (``pip install 'kvcache[metrics]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import write_to_textfile as _write_to_textfile
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from . import lifecycle
+from .errors import InvalidArgument, KVCacheError
+from .reports import Histogram, PoolMetrics, PoolStats
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9464
+POOL_LABELS = ("pool", "tier")
+
+_COUNTERS: dict[str, str] = {
+    "hits": "Lookups that found their key.",
+    "misses": "Lookups that did not find their key.",
+    "puts": "Entries stored (the remote tier: entries written to it).",
+    "written_bytes": "Value bytes stored (the remote tier: bytes sent to it).",
+    "read_bytes": "Value bytes of hits (the remote tier: bytes received from it).",
+    "spills": "Entries evictions moved to the pool below.",
+    "promotions": "Entries a hit below moved up into this pool.",
+    "errors": "Puts refused for lack of room or memory (the remote tier: failed calls).",
+    "damaged_entries": "Entries dropped because their bytes no longer matched their checksum.",
+    "repairs": "Repairs of the pool's metadata after a crash or on request.",
+    "dropped_writes": "Entries not written to the remote tier (queue full, remote down).",
+    "remote_calls": "Calls to the remote tier.",
+    "remote_call_seconds": "Seconds spent in calls to the remote tier.",
+}
+_GAUGES: dict[str, str] = {
+    "size_bytes": "The pool's capacity for data.",
+    "used_bytes": "Bytes of pages held by entries.",
+    "entries": "Live entries.",
+    "attached_processes": "Processes with the pool open (the exporter not counted).",
+}
+_TOKENS: dict[str, str] = {
+    "query": "Prompt tokens PrefixCache.retrieve was asked for.",
+    "hit": "Tokens PrefixCache.retrieve found cached (hit rate = hit / query).",
+    "stored": "Tokens whose KV PrefixCache.store wrote.",
+}
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one scrape read from one pool."""
+
+    stats: PoolStats
+    metrics: PoolMetrics
+    remote: dict[str, int] | None
+
+
+class PoolCollector(Collector):
+    """Reads every pool at each scrape (``names``: which pools, default all).
+
+    Args:
+        names: the pools to report, called at each scrape (default ``list_pools``).
+        open_kwargs: passed to :func:`kvcache.open` (``trust_owner``, ``trust_group``).
+    """
+
+    def __init__(
+        self, names: Callable[[], Iterable[str]] = lifecycle.list_pools, **open_kwargs: Any
+    ) -> None:
+        self._names = names
+        self._open_kwargs = open_kwargs
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the families depend on the pools: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        readings: list[_Reading] = []
+        unreadable = 0
+        for name in self._names():
+            try:
+                readings.append(self._read(name))
+            except KVCacheError:
+                unreadable += 1  # destroyed since listed, another user's, or damaged
+        yield from _families(readings)
+        yield GaugeMetricFamily(
+            "kvcache_unreadable_pools",
+            "Pools listed on this machine that the exporter could not open.",
+            value=unreadable,
+        )
+
+    def _read(self, name: str) -> _Reading:
+        with lifecycle.open(name, chain=False, **self._open_kwargs) as pool:
+            return _Reading(pool.stats(), pool.metrics(), pool.remote_counts())
+
+
+def _families(readings: list[_Reading]) -> Iterator[Metric]:
+    counters = {
+        name: CounterMetricFamily(f"kvcache_{name}", text, labels=POOL_LABELS)
+        for name, text in _COUNTERS.items()
+    }
+    evictions = CounterMetricFamily(
+        "kvcache_evictions",
+        "Entries evicted, by reason: capacity (to make room), expiry, explicit (evict).",
+        labels=(*POOL_LABELS, "reason"),
+    )
+    gauges = {
+        name: GaugeMetricFamily(f"kvcache_{name}", text, labels=POOL_LABELS)
+        for name, text in _GAUGES.items()
+    }
+    tokens = {
+        name: CounterMetricFamily(
+            f"kvcache_prefix_{name}_tokens", text, labels=(*POOL_LABELS, "model")
+        )
+        for name, text in _TOKENS.items()
+    }
+    latency = HistogramMetricFamily(
+        "kvcache_operation_duration_seconds",
+        "Sampled duration of get, put, PrefixCache lookup and retrieve calls.",
+        labels=(*POOL_LABELS, "op"),
+    )
+    for reading in readings:
+        stats, metrics = reading.stats, reading.metrics
+        labels = [stats.name, metrics.tier]
+        local = {
+            "hits": stats.hits,
+            "misses": stats.misses,
+            "puts": stats.puts,
+            "written_bytes": stats.bytes_in,
+            "read_bytes": stats.bytes_out,
+            "spills": stats.spills,
+            "promotions": stats.promotions,
+            "errors": stats.errors,
+            "damaged_entries": stats.damaged,
+            "repairs": stats.repairs,
+        }
+        for name, value in local.items():
+            counters[name].add_metric(labels, value)
+        by_reason = {
+            "capacity": stats.evictions - stats.evictions_explicit,
+            "expiry": stats.expirations,
+            "explicit": stats.evictions_explicit,
+        }
+        for reason, value in by_reason.items():
+            evictions.add_metric([*labels, reason], value)
+        for name, value in (
+            ("size_bytes", stats.size_bytes),
+            ("used_bytes", stats.used_bytes),
+            ("entries", stats.num_entries),
+            ("attached_processes", stats.num_attached - 1),  # less the exporter's own
+        ):
+            gauges[name].add_metric(labels, value)
+        for model, counts in metrics.tokens.items():
+            tokens["query"].add_metric([*labels, model], counts.queried)
+            tokens["hit"].add_metric([*labels, model], counts.hit)
+            tokens["stored"].add_metric([*labels, model], counts.stored)
+        for op, histogram in metrics.latency.items():
+            latency.add_metric([*labels, op], _buckets(histogram), histogram.sum_s)
+        if reading.remote is not None:
+            _add_remote(counters, stats.name, reading.remote)
+    yield from counters.values()
+    yield evictions
+    yield from gauges.values()
+    yield from tokens.values()
+    yield latency
+
+
+def _add_remote(counters: dict[str, CounterMetricFamily], pool: str, r: dict[str, int]) -> None:
+    labels = [pool, "remote"]
+    for name, value in (
+        ("hits", r["hits"]),
+        ("misses", r["misses"]),
+        ("puts", r["writes"]),
+        ("written_bytes", r["bytes_out"]),
+        ("read_bytes", r["bytes_in"]),
+        ("errors", r["errors"]),
+        ("damaged_entries", r["damaged"]),
+        ("dropped_writes", r["dropped"]),
+        ("remote_calls", r["calls"]),
+        ("remote_call_seconds", r["micros"] / 1e6),
+    ):
+        counters[name].add_metric(labels, value)
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs, +Inf last, as Prometheus histograms have them."""
+    bounds = [f"{bound:g}" for bound in histogram.bounds_s] + ["+Inf"]
+    cumulative, total = [], 0
+    for bound, count in zip(bounds, histogram.counts, strict=True):
+        total += count
+        cumulative.append((bound, float(total)))
+    return cumulative
+
+
+def registry(pools: Sequence[str] = (), **open_kwargs: Any) -> CollectorRegistry:
+    """A registry holding a :class:`PoolCollector` (and nothing else) of ``pools``, or of
+    every pool on the machine without them. The functions below pass their keyword
+    arguments here."""
+    reg = CollectorRegistry(auto_describe=False)
+    names = (lambda: pools) if pools else lifecycle.list_pools
+    reg.register(PoolCollector(names, **open_kwargs))
+    return reg
+
+
+def exposition(**open_kwargs: Any) -> str:
+    """The text exposition of every pool, once (``cortex cache metrics``)."""
+    return generate_latest(registry(**open_kwargs)).decode()
+
+
+def write_textfile(path: str, **open_kwargs: Any) -> None:
+    """Write the exposition to ``path`` for node_exporter's textfile collector, atomically
+    (a temporary file in the same folder, renamed over ``path``).
+
+    Raises:
+        InvalidArgument: the folder does not exist or cannot be written.
+    """
+    try:
+        _write_to_textfile(path, registry(**open_kwargs))
+    except OSError as exc:
+        raise InvalidArgument(
+            f"cannot write {path} ({exc.strerror}): give a file in an existing, writable folder"
+        ) from None
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT``, ``:PORT`` or ``PORT`` (host default 127.0.0.1).
+
+    Raises:
+        InvalidArgument: not an address with a port in 0-65535 (0: any free port).
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip("[]") or DEFAULT_HOST
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidArgument(
+            f"cannot serve on {text!r}: give HOST:PORT, e.g. {DEFAULT_HOST}:{DEFAULT_PORT}"
+        )
+    return host, int(port)
+
+
+class Server:
+    """An HTTP ``/metrics`` endpoint in a background thread (``cortex cache metrics --serve``).
+
+    Raises:
+        InvalidArgument: the address cannot be bound (in use, not this machine's).
+    """
+
+    def __init__(self, host: str, port: int, **open_kwargs: Any) -> None:
+        try:
+            self._httpd, self._thread = start_http_server(port, host, registry(**open_kwargs))
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot serve on {host}:{port} ({exc.strerror}): pick another --serve address"
+            ) from None
+        self.host, self.port = host, self._httpd.server_address[1]
+
+    def wait(self, stop: threading.Event | None = None) -> None:
+        """Serve until ``stop`` is set (or forever)."""
+        (stop or threading.Event()).wait()
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        with contextlib.suppress(OSError):
+            self._httpd.shutdown()
+            self._httpd.server_close()
