@@ -165,6 +165,8 @@ HEADER_DTYPE = np.dtype(
         ("access_log", "S256"),
         ("access_log_bytes", "<i8"),
         ("access_log_serial", "<i8"),
+        # the prefix policy's frequency sketch (kvcache.sketch): additions since it last halved
+        ("sketch_additions", "<i8"),
     ]
 )
 
@@ -336,7 +338,9 @@ class Views:
         self.live = np.ndarray((g.max_entries,), np.int64, buffer=buffer, offset=g.live_offset)
         self.index_q = raw[g.index_offset : g.index_offset + g.index_slots * 8].cast("q")
         self.index = np.ndarray((g.index_slots,), np.int64, buffer=buffer, offset=g.index_offset)
-        self.ghost_q = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8].cast("q")
+        ghosts = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8]
+        self.ghost_q = ghosts.cast("q")
+        self.ghost_uq = ghosts.cast("Q")  # the same words unsigned: the prefix policy's sketch
         self.page_next_q = raw[g.page_next_offset : g.page_next_offset + g.num_pages * 8].cast("q")
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset

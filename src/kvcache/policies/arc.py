@@ -26,6 +26,7 @@ class ARC:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_probation = True
+    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         on_probation = columns["probation"] != 0

@@ -32,6 +32,7 @@ class S3FIFO:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_probation = True
+    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         if ctx.num_probation <= PROBATION_SHARE * ctx.num_live:
