@@ -205,3 +205,14 @@ def test_prefix_cache_chunks_go_with_the_first(make_pool):
 
 def test_the_prefix_policy_is_listed():
     assert "prefix" in kvcache.policies.POLICIES
+
+
+def test_pools_made_for_prefix_caches_default_to_the_prefix_policy(pool_name):
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
+    cache = PrefixCache.create(pool_name, "1M", "m", layout, chunk_tokens=4, page_size="4K")
+    try:
+        assert cache.pool.config.policy == "prefix" and cache.chunk_tokens == 4
+        with pytest.raises(kvcache.PoolExistsError):
+            PrefixCache.create(pool_name, "1M", "m", layout)
+    finally:
+        cache.pool.close()

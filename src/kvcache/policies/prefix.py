@@ -40,8 +40,8 @@ from .base import Columns, ScoreContext
 class Prefix:
     name = "prefix"
     summary = (
-        "prompt chunks: LRU over the chunk tree, new chunks admitted by a frequency sketch; "
-        "the default for PrefixCache pools"
+        "PrefixCache pools (the default with --prefix-cache): chunks go with their prefix, "
+        "new ones get in if asked for often"
     )
     fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = True

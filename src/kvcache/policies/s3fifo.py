@@ -28,7 +28,7 @@ PROBATION_SHARE = 0.1
 
 class S3FIFO:
     name = "s3fifo"
-    summary = "new entries on probation first (small FIFO + main + ghost); for scan-heavy traffic"
+    summary = "new entries on probation first (small FIFO + main + ghost); keys mostly read once"
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_probation = True

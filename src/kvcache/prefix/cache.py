@@ -16,6 +16,7 @@ import numpy as np
 from ..accesslog import chunk_id, chunk_ids
 from ..codec import byte_view
 from ..errors import InvalidArgument
+from ..lifecycle import create as create_pool
 from ..pool import Pool
 from ..units import whole_number
 from .arrays import like
@@ -30,7 +31,8 @@ class PrefixCache:
     """The KV of token prefixes of one model, kept in a pool by chunks of ``chunk_tokens``.
 
     Args:
-        pool: the pool to keep chunks in (``kvcache.open(name)``).
+        pool: the pool to keep chunks in (``kvcache.open(name)``); one made for
+            it should use the ``prefix`` policy (``PrefixCache.create`` does).
         model: the model's id; chunks are never shared between ids.
         layout: the model's KV layout and element type.
         chunk_tokens: tokens per chunk. Only full chunks are cached, so
@@ -62,6 +64,42 @@ class PrefixCache:
         self.layout = layout
         self.chunk_tokens = chunk_tokens
         self._chunk_bytes = chunk_tokens * layout.token_bytes
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        size: str | int,
+        model: str,
+        layout: KVLayout,
+        *,
+        chunk_tokens: int = 256,
+        salt: str | bytes | None = None,
+        policy: str = "prefix",
+        **options: Any,
+    ) -> PrefixCache:
+        """Create a pool for prompt prefixes and a cache over it: the way to make one.
+
+        Its policy defaults to ``prefix`` (``kvcache.create``'s default, ``lru``,
+        is for pools of other values): it knows each chunk's parent and admits
+        new chunks by how often they were asked for (README, "Choosing a policy").
+
+        Args:
+            name, size, options: as ``kvcache.create`` takes them (``page_size``,
+                ``prealloc``, ``spill_to``, ...).
+            model, layout, chunk_tokens, salt: as the constructor takes them.
+
+        Raises:
+            PoolExistsError: a pool of that name exists (``kvcache.open`` it and
+                pass it to the constructor instead).
+        """
+        return cls(
+            create_pool(name, size, policy=policy, **options),
+            model,
+            layout,
+            chunk_tokens=chunk_tokens,
+            salt=salt,
+        )
 
     def chunk_keys(self, token_ids: object) -> list[str]:
         """The pool keys of the full chunks of ``token_ids``, first to last."""
