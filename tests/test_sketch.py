@@ -53,3 +53,13 @@ def test_other_probation_policies_keep_ghosts_in_the_region(make_pool):
         pool.put(f"k{i}", b"v")
     assert pool._sketch is None and pool._hq[H.num_ghosts_probation] == 1
     assert pool.check() == []
+
+
+def test_a_restored_count_is_raised_to_the_entry_count_never_lowered(sketch_pool):
+    sketch = sketch_pool._sketch
+    k = key_hash(b"k")
+    sketch.raise_to(*k, 5.2)
+    assert sketch.estimate(*k) == 5
+    sketch.raise_to(*k, 2.0)
+    sketch.raise_to(*key_hash(b"huge"), 1e9)
+    assert sketch.estimate(*k) == 5 and sketch.estimate(*key_hash(b"huge")) == COUNT_LIMIT

@@ -1001,6 +1001,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         clock = h[H.clock] + 1
         h[H.clock] = clock
         created, last_access, freq = history or (clock, clock, d[base + E.freq])
+        if history is not None and self._sketch is not None:  # snapshots keep no sketch
+            self._sketch.raise_to(lo, q[base + E.hash_hi], freq)
         q[base + E.created] = created
         q[base + E.last_access] = last_access
         d[base + E.freq] = freq

@@ -74,6 +74,16 @@ class FrequencySketch:
             words[:] = (words >> np.uint64(1)) & _HALVE_MASK
         return least
 
+    def raise_to(self, lo: int, hi: int, count: float) -> None:
+        """Make the key's count at least ``count`` (capped): a restored or promoted entry's
+        access count, which under ``prefix`` is its count here when last used."""
+        q, target = self._q, min(COUNT_LIMIT, round(count))
+        for c in self._counters(lo, hi):
+            word, shift = c >> 4, (c & 15) << 2
+            now = (q[word] >> shift) & 15
+            if now < target:
+                q[word] += (target - now) << shift
+
 
 def admits(count: float, victim_frequency: float) -> bool:
     """TinyLFU's admission: a new key that would evict is stored only if asked for more often
