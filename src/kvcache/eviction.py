@@ -198,7 +198,7 @@ class EvictionMixin:
 
     def _evict_one(self, eid: int) -> int:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes, and
-        remembering its key in the ghost table where it uses probation); how many went."""
+        remembering its key in the ghost table where the pool keeps one); how many went."""
         if self._uses_ghosts:
             base = eid * ENTRY_WORDS
             lo = self._eq[base + E.hash_lo]

@@ -21,7 +21,8 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               +-----------------------------+
               | ghosts                      |  index_slots x int64: hash_lo of keys
               |                             |  evicted lately, its low bit set if the
-              |                             |  key was on probation; 0 = none
+              |                             |  key was on probation; 0 = none (prefix
+              |                             |  pools: a frequency sketch, see sketch)
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -57,7 +58,9 @@ depth) and probation, and a ghost table remembers keys evicted lately, for the
 ``prefix`` policy; the longer records move every region, so format-4 pools are
 refused (persist them with the kvcache that made them and restore here). The
 header also names an access log (path, size cap, and a serial bumped by each
-switch; ``kvcache.accesslog``).
+switch; ``kvcache.accesslog``), and counts the additions to a ``prefix``
+pool's frequency sketch since it last halved (``sketch_additions``, the last
+word, added within format 5: zero in older pools is a valid value).
 4: the header names a remote tier (URL, namespace, write mode, timeout, password
 file) and counts its traffic. 3: the header names a lower pool (``spill_to``,
 with its ``promote`` mode), counts spills and promotions, and says whether the

@@ -17,16 +17,16 @@ Three facts about prompt traffic drive it (README, "Choosing a policy"):
   for, cached or not (``kvcache.sketch``: 4-bit count-min counters in the
   segment, halved every few pool-fulls of accesses), and a new chunk that
   would evict is admitted only if the sketch has seen it asked for more often
-  than the least recently used chunk is being used (its access count, which
-  starts at its sketch count and halves every ``lfu_half_life`` idle ticks):
-  TinyLFU. Declining a chunk declines the rest of its prompt (no parent), so
-  a one-off tail costs one comparison instead of flushing the cache.
-- What ages out is what nothing asks for: a victim idle for a half-life or
-  more is worth less than any newcomer, so when the traffic moves on the
-  cache follows, as LRU's would.
+  than the least recently used chunk is being used (its sketch count when
+  last used, halved for every ``lfu_half_life`` ticks idle since): TinyLFU.
+  Declining a chunk declines the rest of its prompt (no parent), so a
+  one-off tail costs one comparison instead of flushing the cache.
+- What ages out is what nothing asks for: a victim idle for long is worth
+  less than any newcomer, so when the traffic moves on the cache follows,
+  as LRU's would.
 
 There is nothing to tune: the only constants are TinyLFU's (4 counters per
-key, 4 bits each, halving after 8 additions per sketch word) and the pool's
+key, 4 bits each, halving after 4 additions per sketch word) and the pool's
 LFU half-life.
 """
 
