@@ -216,3 +216,17 @@ def test_pools_made_for_prefix_caches_default_to_the_prefix_policy(pool_name):
             PrefixCache.create(pool_name, "1M", "m", layout)
     finally:
         cache.pool.close()
+
+
+def test_a_store_stops_at_the_first_chunk_the_pool_declines(make_pool):
+    pool = make_pool(size=SLOTS * PAGE, page_size=PAGE, policy="prefix")
+    for i in range(SLOTS):
+        pool.put(f"hot{i}", b"v")
+    for _ in range(3):
+        for i in range(SLOTS):
+            pool.get(f"hot{i}")
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
+    cache = PrefixCache(pool, "m", layout, chunk_tokens=4)
+    kv = np.ones((1, 2, 1, 16, 4), np.float32)
+    assert cache.store(list(range(16)), kv) == 0  # the first chunk lost to hot0: none written
+    assert len(pool) == SLOTS and pool.stats().evictions == 0 and cache.lookup(range(16)) == 0

@@ -17,6 +17,7 @@ from ..accesslog import chunk_id, chunk_ids
 from ..codec import byte_view
 from ..errors import InvalidArgument
 from ..lifecycle import create as create_pool
+from ..policies import get_policy
 from ..pool import Pool
 from ..units import whole_number
 from .arrays import like
@@ -60,6 +61,8 @@ class PrefixCache:
         if not isinstance(pool, Pool):
             raise InvalidArgument(f"pool must be a kvcache.Pool, not {type(pool).__name__}")
         self.pool = pool
+        # a prefix-tracking pool may decline a chunk (not admitted, or its parent gone)
+        self._may_decline = get_policy(pool.config.policy).tracks_prefixes
         self.namespace = Namespace(model, layout, chunk_tokens, salt)
         self.layout = layout
         self.chunk_tokens = chunk_tokens
@@ -188,7 +191,8 @@ class PrefixCache:
             priority, ttl: passed to :meth:`Pool.put` for every chunk.
 
         Returns:
-            How many tokens' KV were written (chunks already cached are skipped).
+            How many tokens' KV were written (chunks already cached are skipped;
+            a ``prefix`` pool may decline a chunk, and then the rest).
 
         Raises:
             InvalidArgument: kv does not match the layout or covers too few tokens.
@@ -215,6 +219,8 @@ class PrefixCache:
             # a memoryview, not the array, so that the pool stores plain bytes (no array header)
             parent = keys[index - 1] if index else None  # the prefix it extends (policy ``prefix``)
             self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl, parent=parent)  # type: ignore[arg-type]
+            if self._may_decline and not self.pool.in_local_tiers(key):
+                break  # declined: so would be every chunk after it, which has it as parent
             written.append(index)
         access_log = self.pool.access_log
         if written and access_log is not None:
