@@ -230,3 +230,12 @@ def test_a_store_stops_at_the_first_chunk_the_pool_declines(make_pool):
     kv = np.ones((1, 2, 1, 16, 4), np.float32)
     assert cache.store(list(range(16)), kv) == 0  # the first chunk lost to hot0: none written
     assert len(pool) == SLOTS and pool.stats().evictions == 0 and cache.lookup(range(16)) == 0
+    # every chunk was counted as asked for all the same, as its put would have been
+    counts = [pool._sketch.estimate(*key_hash(k.encode())) for k in cache.chunk_keys(range(16))]
+    assert counts == [1, 1, 1, 1]
+
+
+def test_only_a_sketch_pool_counts_keys_noted_as_asked(make_pool):
+    pool = make_pool(size=SLOTS * PAGE, page_size=PAGE, policy="lru")
+    pool.note_asked(["a", "b"])  # nothing to count in
+    assert pool.check() == []

@@ -394,6 +394,19 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         return here or (self._below is not None and self._contains_below(key))
 
     @reports_damage
+    def note_asked(self, keys: Sequence[Key]) -> None:
+        """Count ``keys`` as asked for, as a put of each would, without storing them: in the
+        policy's frequency sketch (``prefix``; other policies keep none, and ignore it).
+        ``PrefixCache.store`` notes the chunks after one the pool declined, which would be
+        declined too (no parent), so that their counts grow as the simulation's do."""
+        if self._sketch is None or not keys:
+            return
+        hashes = [key_hash(encode_key(key)[0]) for key in keys]
+        with self._lock:
+            for lo, hi in hashes:
+                self._sketch.add(lo, hi)
+
+    @reports_damage
     def __len__(self) -> int:
         with self._lock:
             num_live = self._hq[H.num_live]
