@@ -195,6 +195,22 @@ def test_human_output_is_aligned_tables(names, home):
     assert "lfu" in cortex("policies").stdout
 
 
+def test_a_pool_for_prefix_caches_defaults_to_the_prefix_policy(names, home):
+    prefixes, other, chosen = names(), names(), names()
+    assert cortex("create", prefixes, "--size", "8M", "--prefix-cache").returncode == 0
+    assert cortex("create", other, "--size", "8M").returncode == 0
+    assert (
+        cortex("create", chosen, "--size", "8M", "--prefix-cache", "--policy", "lru").returncode
+        == 0
+    )
+    policies = {name: kvcache.open(name) for name in (prefixes, other, chosen)}
+    try:
+        assert [pool.config.policy for pool in policies.values()] == ["prefix", "lru", "lru"]
+    finally:
+        for pool in policies.values():
+            pool.close()
+
+
 def test_python_dash_m_runs_the_same_commands(names, home):
     name = names()
     result = subprocess.run(

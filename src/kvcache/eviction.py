@@ -32,6 +32,7 @@ from .lock import PoolLock
 from .policies import Policy, ScoreContext, choose_victims, rank_victims
 from .procs import ProcessTable
 from .reports import EvictionResult
+from .sketch import admits
 from .units import parse_size
 
 GROWTH_RETRY_S = 1.0
@@ -97,6 +98,8 @@ class EvictionMixin:
     _rng: np.random.Generator
     _clock: Callable[[], float]
     _ghost_mask: int  # Pool's: the ghost table's slot of a key hash is ``lo & mask``
+    _uses_ghosts: bool  # Pool's: whether the ghost region is a ghost table (not a sketch)
+    _ed: memoryview[float]
 
     def _remove(self, eid: int) -> int:
         raise NotImplementedError  # Pool's
@@ -151,20 +154,29 @@ class EvictionMixin:
                         num_entries += removed
         return EvictionResult(num_entries, num_expired, freed * self._page_size)
 
-    def _make_room(self, num_pages: int, *, within_reserved: bool = False) -> None:
-        """Evict (expired entries first) until ``num_pages`` pages and a slot are free.
+    def _make_room(
+        self, num_pages: int, *, within_reserved: bool = False, candidate: float | None = None
+    ) -> bool:
+        """Evict (expired entries first) until ``num_pages`` pages and a slot are free; False
+        if the policy would rather keep its first victim than admit the new entry.
 
         Args:
             within_reserved: count only pages already backed with memory, for
                 when the machine refused to back more (see ``Pool._reserve``).
+            candidate: the new entry's count in the policy's frequency sketch
+                (policies that keep one), weighed against the first victim's.
         """
         allocator, entries = self._allocator, self._entries
         available = allocator.num_reserved_available if within_reserved else allocator.num_available
         if available() >= num_pages and entries.has_free_slot():
-            return
+            return True
         self._tidy(force=False)
         while available() < num_pages or not entries.has_free_slot():
             victims, exact = self._choose_victims()
+            if candidate is not None and victims.size:
+                if not admits(candidate, self._frequency(int(victims[0]))):
+                    return False
+                candidate = None  # one decision per put
             if not victims.size:
                 if self._reclaim_dead_writers():
                     continue
@@ -177,12 +189,20 @@ class EvictionMixin:
                     continue  # drawn twice, or gone with an evicted parent
                 self._evict_one(eid)
                 if exact and available() >= num_pages and entries.has_free_slot():
-                    return
+                    return True
+        return True
+
+    def _frequency(self, eid: int) -> float:
+        """Entry ``eid``'s access count (its sketch count when last used), halved per
+        ``lfu_half_life`` ticks idle since (``policies.base.decayed_frequency``)."""
+        base = eid * ENTRY_WORDS
+        idle = self._hq[H.clock] - self._eq[base + E.last_access]
+        return self._ed[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life)
 
     def _evict_one(self, eid: int) -> int:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes, and
-        remembering its key in the ghost table where it uses probation); how many went."""
-        if self._policy.uses_probation:
+        remembering its key in the ghost table where the pool keeps one); how many went."""
+        if self._uses_ghosts:
             base = eid * ENTRY_WORDS
             lo = self._eq[base + E.hash_lo]
             slot = lo & self._ghost_mask

@@ -24,7 +24,8 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               +-----------------------------+
               | ghosts                      |  index_slots x int64: hash_lo of keys
               |                             |  evicted lately, its low bit set if the
-              |                             |  key was on probation; 0 = none
+              |                             |  key was on probation; 0 = none (prefix
+              |                             |  pools: a frequency sketch, see sketch)
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -57,7 +58,9 @@ FORMAT_VERSION = 6
 READABLE_VERSIONS = (6,)
 """6: a metrics region follows the header (``kvcache.counters``: bytes in and out,
 evictions by reason, failed puts, PrefixCache tokens by model, latency histograms),
-moving every region after it, so format-5 pools are refused like older ones.
+moving every region after it, so format-5 pools are refused like older ones;
+the header's last word counts the additions to a ``prefix`` pool's frequency
+sketch (kept in the ghost region) since it last halved (``sketch_additions``).
 5: entries record their place in a prompt's chunk tree (parent, children,
 depth) and probation, and a ghost table remembers keys evicted lately, for the
 ``prefix`` policy; the longer records move every region, so format-4 pools are
@@ -174,6 +177,8 @@ HEADER_DTYPE = np.dtype(
         ("access_log", "S256"),
         ("access_log_bytes", "<i8"),
         ("access_log_serial", "<i8"),
+        # the prefix policy's frequency sketch (kvcache.sketch): additions since it last halved
+        ("sketch_additions", "<i8"),
     ]
 )
 
@@ -346,7 +351,9 @@ class Views:
         self.live = np.ndarray((g.max_entries,), np.int64, buffer=buffer, offset=g.live_offset)
         self.index_q = raw[g.index_offset : g.index_offset + g.index_slots * 8].cast("q")
         self.index = np.ndarray((g.index_slots,), np.int64, buffer=buffer, offset=g.index_offset)
-        self.ghost_q = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8].cast("q")
+        ghosts = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8]
+        self.ghost_q = ghosts.cast("q")
+        self.ghost_uq = ghosts.cast("Q")  # the same words unsigned: the prefix policy's sketch
         self.page_next_q = raw[g.page_next_offset : g.page_next_offset + g.num_pages * 8].cast("q")
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset

@@ -76,6 +76,7 @@ from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolMetrics, PoolStats
+from .sketch import FrequencySketch
 from .stored import EntryRef, StoredEntry
 from .tiers import Below, TierMixin
 from .tree import ChunkTree
@@ -165,6 +166,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._policy = get_policy(config.policy)
         self._tree = ChunkTree(views) if self._policy.tracks_prefixes else None
         self._uses_probation = self._policy.uses_probation
+        # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
+        self._sketch = FrequencySketch(views) if self._policy.uses_sketch else None
+        self._uses_ghosts = self._uses_probation and self._sketch is None
         self._ghost_mask = geometry.index_slots - 1
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]
@@ -413,6 +417,19 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             eid = self._find(key_bytes)
             here = eid >= 0 and self._ed[eid * ENTRY_WORDS + E.expires_at] > self._clock()
         return here or (self._below is not None and self._contains_below(key))
+
+    @reports_damage
+    def note_asked(self, keys: Sequence[Key]) -> None:
+        """Count ``keys`` as asked for, as a put of each would, without storing them: in the
+        policy's frequency sketch (``prefix``; other policies keep none, and ignore it).
+        ``PrefixCache.store`` notes the chunks after one the pool declined, which would be
+        declined too (no parent), so that their counts grow as the simulation's do."""
+        if self._sketch is None or not keys:
+            return
+        hashes = [key_hash(encode_key(key)[0]) for key in keys]
+        with self._lock:
+            for lo, hi in hashes:
+                self._sketch.add(lo, hi)
 
     @reports_damage
     def __len__(self) -> int:
@@ -781,7 +798,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                     priority,
                     expires_at,
                     evict_within_reserved,
+                    fresh=history is None,
+                    parent=parent,
                 )
+                if eid < 0:
+                    return False
                 generation = self._eq[eid * ENTRY_WORDS + E.generation]
                 targets = self._entry_slices(eid)
                 if under_lock:
@@ -875,8 +896,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         h[H.clock] = clock
         q, d = self._eq, self._ed
         self._mq[M.bytes_out] += q[base + E.value_len]
-        idle = clock - q[base + E.last_access]
-        d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
+        if self._sketch is None:
+            idle = clock - q[base + E.last_access]
+            d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
+        else:  # the key's count over the sketch's longer history, this hit included
+            d[base + E.freq] = self._sketch.add(q[base + E.hash_lo], q[base + E.hash_hi])
         q[base + E.last_access] = clock
         if q[base + E.probation]:  # read again: proven (0 unless the policy uses probation)
             q[base + E.probation] = 0
@@ -951,12 +975,21 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         priority: int,
         expires_at: float,
         evict_within_reserved: bool,
+        *,
+        fresh: bool = True,
+        parent: bytes | None = None,
     ) -> int:
-        """Make room, then take pages and an entry slot in state WRITING; return its id.
+        """Make room, then take pages and an entry slot in state WRITING; return its id, or
+        -1 if a prefix-tracking pool declines the put (before evicting anything for it).
 
         Args:
             evict_within_reserved: if the pool cannot grow, evict to fit the
                 pages it has rather than fail with ``OutOfSharedMemoryError``.
+            fresh: a put, not a restore or promotion: where the policy keeps a
+                frequency sketch, it counts the key, and a new key that makes
+                the pool evict is admitted only if the policy says so (TinyLFU).
+            parent: a chunk's parent key; a chunk whose parent is not here is
+                declined, as ``_publish`` would decline it.
         """
         if self._slot < 0:
             raise PoolFullError(
@@ -964,8 +997,20 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 f"of pool '{self.name}' were taken, so it may read but not write: "
                 f"kvcache.open('{self.name}') again once others have closed it"
             )
+        lo, hi = key_hash(key_bytes)
+        if parent is not None and self._find(parent) < 0:
+            if self._sketch is not None and fresh:
+                self._sketch.add(lo, hi)  # asked for all the same
+            return -1
+        count = 1.0
+        candidate = None
+        if self._sketch is not None and fresh:
+            count = candidate = float(self._sketch.add(lo, hi))
+            if self._index.find(lo, hi) >= 0:
+                candidate = None  # stored again: it was admitted before
         try:
-            self._make_room(num_pages)
+            if not self._make_room(num_pages, candidate=candidate):
+                return -1
         except PoolFullError:
             if (self._views.entries["state"] == WRITING).any():
                 raise
@@ -984,7 +1029,6 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             first, last = self._allocator.allocate(num_pages)
         eid = self._entries.claim()
         q, d, base = self._eq, self._ed, eid * ENTRY_WORDS
-        lo, hi = key_hash(key_bytes)
         q[base + E.flags] = flags
         q[base + E.hash_lo] = lo
         q[base + E.hash_hi] = hi
@@ -996,6 +1040,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         q[base + E.num_pages] = num_pages
         q[base + E.priority] = priority
         q[base + E.probation] = 0
+        d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self._slot, self._serial
         q[base + E.state] = WRITING
@@ -1032,7 +1077,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._remove(old)
         clock = h[H.clock] + 1
         h[H.clock] = clock
-        created, last_access, freq = history or (clock, clock, 1.0)
+        created, last_access, freq = history or (clock, clock, d[base + E.freq])
+        if history is not None and self._sketch is not None:  # snapshots keep no sketch
+            self._sketch.raise_to(lo, q[base + E.hash_hi], freq)
         q[base + E.created] = created
         q[base + E.last_access] = last_access
         d[base + E.freq] = freq

@@ -318,9 +318,14 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["retired"] = LIVE
     target = h[H.probation_target]
     wanted["probation_target"] = target if 0 <= target <= g.max_entries else 0
-    ghosts = np.frombuffer(parts.views.ghost_q, np.int64)
-    wanted["num_ghosts_probation"] = int(np.count_nonzero(ghosts & 1))
-    wanted["num_ghosts_main"] = int(np.count_nonzero(ghosts)) - wanted["num_ghosts_probation"]
+    if get_policy(parts.config.policy).uses_sketch:  # the region is a sketch: no ghosts
+        wanted["num_ghosts_probation"] = wanted["num_ghosts_main"] = 0
+        additions = h[H.sketch_additions]
+        wanted["sketch_additions"] = additions if 0 <= additions < CLOCK_LIMIT else 0
+    else:
+        ghosts = np.frombuffer(parts.views.ghost_q, np.int64)
+        wanted["num_ghosts_probation"] = int(np.count_nonzero(ghosts & 1))
+        wanted["num_ghosts_main"] = int(np.count_nonzero(ghosts)) - wanted["num_ghosts_probation"]
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():

@@ -59,7 +59,7 @@ def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     # not a snapshot exists); the snapshot only fills it.
     options: dict[str, Any] = {
         "page_size": args.page_size,
-        "policy": args.policy,
+        "policy": args.policy or ("prefix" if args.prefix_cache else "lru"),
         "max_entries": args.max_entries,
         "default_ttl": args.ttl,
     }

@@ -112,7 +112,9 @@ def build(prog: str) -> argparse.ArgumentParser:
     sub.required = True
     e = "cortex cache"
 
-    p = _command(sub, "create", "create a pool", f"{e} create llama-cache --size 16G --policy lru")
+    p = _command(
+        sub, "create", "create a pool", f"{e} create llama-cache --size 16G --prefix-cache"
+    )
     p.add_argument("name")
     p.add_argument(
         "--size",
@@ -132,7 +134,14 @@ def build(prog: str) -> argparse.ArgumentParser:
         "$KVCACHE_HOME/disk for disk)",
     )
     p.add_argument(
-        "--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)} (default lru)"
+        "--policy",
+        help=f"eviction policy: {', '.join(POLICIES)} (default prefix with --prefix-cache, "
+        "else lru)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="the pool is for PrefixCache (token-prefix KV chunks): its policy defaults to prefix",
     )
     p.add_argument(
         "--page-size", default="64K", help="allocation unit, power of two 1K-256M (default 64K)"

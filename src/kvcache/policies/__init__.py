@@ -7,10 +7,11 @@ memory. Pools with more live entries than their ``eviction_samples`` score a
 random sample per eviction (as Redis does), so the cost of a put does not grow
 with the pool; smaller pools, and explicit ``Pool.evict``, rank every entry.
 
-A policy may ask the pool for two more things, kept in the segment:
-``tracks_prefixes`` (the chunk tree of ``kvcache.tree``: ``prefix``) and
-``uses_probation`` (new entries on probation until read, and a ghost table of
-keys evicted lately: ``s3fifo``, ``arc``, ``prefix``).
+A policy may ask the pool for more, kept in the segment: ``tracks_prefixes``
+(the chunk tree of ``kvcache.tree``: ``prefix``), ``uses_probation`` (new
+entries on probation until read, and a ghost table of keys evicted lately:
+``s3fifo``, ``arc``) and ``uses_sketch`` (a frequency sketch of keys asked for,
+``kvcache.sketch``, that admits new keys: ``prefix``).
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ from .base import Columns, ScoreContext
 
 class ARC:
     name = "arc"
-    summary = "balances recency and frequency by its evictions' ghosts; for mixed reuse"
+    summary = "balances recency and frequency by its evictions' ghosts; when the reuse mix shifts"
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_probation = True
+    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         on_probation = columns["probation"] != 0

@@ -42,6 +42,10 @@ class Policy(Protocol):
     ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
     it. ``uses_probation``: the pool puts new entries on probation until their
     first hit, unless the ghost table (keys evicted lately) recalls them.
+    ``uses_sketch``: the pool keeps a frequency sketch of keys asked for in the
+    ghost table's place (``kvcache.sketch``), starts an entry's access count at
+    its key's count, and admits a new key that would evict only if the sketch
+    says so.
     """
 
     name: str
@@ -49,6 +53,7 @@ class Policy(Protocol):
     fields: tuple[str, ...]
     tracks_prefixes: bool
     uses_probation: bool
+    uses_sketch: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""

@@ -9,10 +9,11 @@ from .base import Columns, ScoreContext
 
 class LRU:
     name = "lru"
-    summary = "least recently used first; the safe default for chat and agent traffic"
+    summary = "least recently used first; the default for pools of other values than prompt chunks"
     fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = False
     uses_probation = False
+    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["last_access"].astype(np.float64)

@@ -1,30 +1,33 @@
-"""Prefix: for PrefixCache pools; leaves first, new chunks on probation, evicted keys remembered.
+"""Prefix: for PrefixCache pools; a chunk goes with its prefix, and only chunks asked for
+more often than what they would evict get in.
 
 Three facts about prompt traffic drive it (README, "Choosing a policy"):
 
-- A chunk is reachable only through its parent, so evicting a chunk that
-  others build on strands them (the pool removes them with it, see
-  ``kvcache.tree``). It ranks leaves first: shared roots (system prompts,
-  documents) stay while anything hangs below them, which is exactly while
-  they are used. LRU does the opposite: a prompt's first chunk was touched
-  before its last, so it goes first and takes the rest with it.
-- Most chunks are the unique tail of one prompt and are never read again,
-  and a chunk's first reuse, if any, comes much later than its later ones
-  (on the Mooncake trace: 42% of new chunks are reused, after a median 573
-  requests; a chunk read twice is read again 84% of the time). New chunks
-  start on probation; while probation holds more than its share, its
-  oldest leaves go first (S3-FIFO's small queue), so tails that are never
-  reused do not flush what is.
-- The pool remembers the keys it evicted lately (a ghost table as large as
-  its index): a chunk put again soon after its eviction was needed, and
-  skips probation. Where chunks are first reused soon (the next turn of a
-  conversation), recalls of chunks evicted from probation grow its share as
-  ARC grows its recency list (``arc``); it never drops below
-  ``PROBATION_SHARE`` (10%, S3-FIFO's). On the Mooncake trace a fixed 30%
-  did no better than 10%, and on a synthetic conversation trace a fixed 10%
-  lost to LRU at 10-20% capacity, which the adaptive share mostly recovers.
+- A chunk is reachable only through its parent, so a chunk whose ancestor is
+  gone only takes room: the pool keeps the chunk tree (``kvcache.tree``),
+  removes a chunk's descendants with it and never stores a chunk whose parent
+  is not here. Ranking is plain LRU over that tree. A prompt's chunks are read
+  in order, so a chunk is never used less lately than its descendants: the
+  least recently used chunk takes with it only chunks as cold as itself, and
+  a shared root (a system prompt, a document) stays as long as anything below
+  it is read, since every read of a descendant reads it too.
+- Most chunks are the unique tail of one prompt and are never asked for again,
+  while a few (shared documents, a conversation's earlier turns) are asked
+  for again and again. The pool keeps a frequency sketch of every key asked
+  for, cached or not (``kvcache.sketch``: 4-bit count-min counters in the
+  segment, halved every few pool-fulls of accesses), and a new chunk that
+  would evict is admitted only if the sketch has seen it asked for more often
+  than the least recently used chunk is being used (its sketch count when
+  last used, halved for every ``lfu_half_life`` ticks idle since): TinyLFU.
+  Declining a chunk declines the rest of its prompt (no parent), so a
+  one-off tail costs one comparison instead of flushing the cache.
+- What ages out is what nothing asks for: a victim idle for long is worth
+  less than any newcomer, so when the traffic moves on the cache follows,
+  as LRU's would.
 
-Ties, and each class, go least recently used first.
+There is nothing to tune: the only constants are TinyLFU's (4 counters per
+key, 4 bits each, halving after 4 additions per sketch word) and the pool's
+LFU half-life.
 """
 
 from __future__ import annotations
@@ -32,18 +35,18 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Columns, ScoreContext
-from .s3fifo import PROBATION_SHARE
 
 
 class Prefix:
     name = "prefix"
-    summary = "prompt chunks: leaves first, new chunks on probation; the best for PrefixCache pools"
-    fields: tuple[str, ...] = ("first_child", "probation")
+    summary = (
+        "PrefixCache pools (the default with --prefix-cache): chunks go with their prefix, "
+        "new ones get in if asked for often"
+    )
+    fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = True
-    uses_probation = True
+    uses_probation = False
+    uses_sketch = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
-        leaf = columns["first_child"] == 0
-        if ctx.num_probation <= max(ctx.probation_target, PROBATION_SHARE * ctx.num_live):
-            return leaf.astype(np.float64)
-        return leaf * (1.0 + (columns["probation"] != 0))
+        return -columns["last_access"].astype(np.float64)

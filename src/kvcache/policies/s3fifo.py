@@ -28,10 +28,11 @@ PROBATION_SHARE = 0.1
 
 class S3FIFO:
     name = "s3fifo"
-    summary = "new entries on probation first (small FIFO + main + ghost); for scan-heavy traffic"
+    summary = "new entries on probation first (small FIFO + main + ghost); keys mostly read once"
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_probation = True
+    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         if ctx.num_probation <= PROBATION_SHARE * ctx.num_live:

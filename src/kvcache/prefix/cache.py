@@ -17,6 +17,8 @@ from ..accesslog import chunk_id, chunk_ids
 from ..codec import byte_view
 from ..counters import LOOKUP, RETRIEVE
 from ..errors import InvalidArgument
+from ..lifecycle import create as create_pool
+from ..policies import get_policy
 from ..pool import Pool
 from ..units import whole_number
 from .arrays import like
@@ -31,7 +33,8 @@ class PrefixCache:
     """The KV of token prefixes of one model, kept in a pool by chunks of ``chunk_tokens``.
 
     Args:
-        pool: the pool to keep chunks in (``kvcache.open(name)``).
+        pool: the pool to keep chunks in (``kvcache.open(name)``); one made for
+            it should use the ``prefix`` policy (``PrefixCache.create`` does).
         model: the model's id; chunks are never shared between ids.
         layout: the model's KV layout and element type.
         chunk_tokens: tokens per chunk. Only full chunks are cached, so
@@ -59,10 +62,48 @@ class PrefixCache:
         if not isinstance(pool, Pool):
             raise InvalidArgument(f"pool must be a kvcache.Pool, not {type(pool).__name__}")
         self.pool = pool
+        # a prefix-tracking pool may decline a chunk (not admitted, or its parent gone)
+        self._may_decline = get_policy(pool.config.policy).tracks_prefixes
         self.namespace = Namespace(model, layout, chunk_tokens, salt)
         self.layout = layout
         self.chunk_tokens = chunk_tokens
         self._chunk_bytes = chunk_tokens * layout.token_bytes
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        size: str | int,
+        model: str,
+        layout: KVLayout,
+        *,
+        chunk_tokens: int = 256,
+        salt: str | bytes | None = None,
+        policy: str = "prefix",
+        **options: Any,
+    ) -> PrefixCache:
+        """Create a pool for prompt prefixes and a cache over it: the way to make one.
+
+        Its policy defaults to ``prefix`` (``kvcache.create``'s default, ``lru``,
+        is for pools of other values): it knows each chunk's parent and admits
+        new chunks by how often they were asked for (README, "Choosing a policy").
+
+        Args:
+            name, size, options: as ``kvcache.create`` takes them (``page_size``,
+                ``prealloc``, ``spill_to``, ...).
+            model, layout, chunk_tokens, salt: as the constructor takes them.
+
+        Raises:
+            PoolExistsError: a pool of that name exists (``kvcache.open`` it and
+                pass it to the constructor instead).
+        """
+        return cls(
+            create_pool(name, size, policy=policy, **options),
+            model,
+            layout,
+            chunk_tokens=chunk_tokens,
+            salt=salt,
+        )
 
     def chunk_keys(self, token_ids: object) -> list[str]:
         """The pool keys of the full chunks of ``token_ids``, first to last."""
@@ -166,7 +207,8 @@ class PrefixCache:
                 unreachable).
 
         Returns:
-            How many tokens' KV were written (chunks already cached are skipped).
+            How many tokens' KV were written (chunks already cached are skipped;
+            a ``prefix`` pool may decline a chunk, and then the rest).
 
         Raises:
             InvalidArgument: kv does not match the layout or covers too few tokens.
@@ -200,6 +242,11 @@ class PrefixCache:
             # a memoryview, not the array, so that the pool stores plain bytes (no array header)
             parent = keys[index - 1] if index else None  # the prefix it extends (policy ``prefix``)
             self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl, parent=parent)  # type: ignore[arg-type]
+            if self._may_decline and not self.pool.in_local_tiers(key):
+                # declined: so would be every chunk after it (no parent), but each is
+                # counted as asked for, as its put would be (the pool's sketch)
+                self.pool.note_asked(keys[index + 1 :])
+                break
             written.append(index)
         access_log = self.pool.access_log
         if written and access_log is not None:
