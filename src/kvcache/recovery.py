@@ -151,8 +151,9 @@ def _survey_tree(
     deletes would not cascade, so a kept link would strand later)."""
     ready = np.array(survey.ready, np.int64)
     if not tracks_prefixes:
+        # every slot, free ones too: a slot is reused without its links being written
         for name in tree.LINK_FIELDS:
-            for eid in ready[v.entries[name][ready] != 0].tolist():
+            for eid in np.flatnonzero(v.entries[name] != 0).tolist():
                 survey.mend(eid, name, 0, f"{name} is set in a pool that keeps no chunk tree")
         return
     lost = tree.stranded(v.entries, ready).tolist()
