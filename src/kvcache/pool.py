@@ -539,9 +539,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         with self._lock:
             problems, sound = recovery.inspect(self._recovery_parts())
             if repair and problems:
-                recovery.rebuild(self._recovery_parts())
-                self._metrics.repair()
-                self._hq[H.repairs] += 1
+                self._repair_after_crash()
         for eid in sound:
             key = self._verify_entry(eid, remove=repair)
             if key is not None:
@@ -1291,6 +1289,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         )
 
     def _repair_after_crash(self) -> None:
+        """Rebuild the metadata from the entries (after a crash, or ``check(repair=True)``)."""
         recovery.rebuild(self._recovery_parts())
         self._metrics.repair()
         self._hq[H.repairs] += 1

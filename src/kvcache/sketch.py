@@ -50,16 +50,19 @@ class FrequencySketch:
         mask = self._mask
         return lo & mask, (lo >> 32) & mask, hi & mask, (hi >> 32) & mask
 
+    def _least(self, counters: tuple[int, int, int, int]) -> int:
+        q = self._q
+        return min((q[c >> 4] >> ((c & 15) << 2)) & 15 for c in counters)
+
     def estimate(self, lo: int, hi: int) -> int:
         """The count of the key hashed ``(lo, hi)``."""
-        q = self._q
-        return min((q[c >> 4] >> ((c & 15) << 2)) & 15 for c in self._counters(lo, hi))
+        return self._least(self._counters(lo, hi))
 
     def add(self, lo: int, hi: int) -> int:
         """Count one more ask for the key hashed ``(lo, hi)``; its count after."""
         q = self._q
         counters = self._counters(lo, hi)
-        least = min((q[c >> 4] >> ((c & 15) << 2)) & 15 for c in counters)
+        least = self._least(counters)
         if least < COUNT_LIMIT:
             for c in counters:
                 word, shift = c >> 4, (c & 15) << 2

@@ -107,7 +107,7 @@ class Namespace:
                 _field(STATE_FORMAT),
                 _field(self.model.encode()),
                 struct.pack("<Q", chunk),
-                _field(layout.encode()),
+                _field(b"".join(_field(text.encode()) for text in layout.texts())),
             )
         encoded = b"".join((*described, _field(salt)))
         digest = hashlib.blake2b(encoded, digest_size=DIGEST_BYTES, person=b"kvcache.ns").digest()

@@ -12,7 +12,6 @@ settings never share a key.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
@@ -48,8 +47,7 @@ class StateLayout:
         """A layout from keyword settings; each value is written with ``str()``."""
         return cls(engine, tuple(sorted((name, str(value)) for name, value in settings.items())))
 
-    def encode(self) -> bytes:
-        """The bytes hashed into a namespace: every string length-prefixed, so that no two
-        different layouts encode alike."""
-        texts = [self.engine, *(s for pair in self.settings for s in pair)]
-        return b"".join(struct.pack("<I", len(data)) + data for data in map(str.encode, texts))
+    def texts(self) -> tuple[str, ...]:
+        """The strings hashed into a namespace, in order (``keys`` length-prefixes each,
+        so that no two different layouts encode alike)."""
+        return (self.engine, *(s for pair in self.settings for s in pair))
