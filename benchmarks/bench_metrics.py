@@ -11,7 +11,7 @@ values, four variants side by side in one run:
 
 - ``before``: revision 06fdda5, the last before the metrics region (no new counters);
 - ``latency off``: this tree with ``KVCACHE_LATENCY_SAMPLE=0`` (counters only);
-- ``default``: this tree as shipped (counters, one op in 16 timed);
+- ``default``: this tree as shipped (counters, one call in 64 of each op timed);
 - ``every op``: ``KVCACHE_LATENCY_SAMPLE=1`` (every op timed: why the default samples).
 
 The last columns are each variant's ops/s over ``before``'s (1.00 = no cost; the goal is
@@ -21,10 +21,11 @@ On a shared machine that table moves by 10-20% from run to run for 1 MiB values
 (memory bandwidth taken by others), more than the effect measured. So a second table
 pairs the sampler settings in one process on one pool: each round times a short batch
 of each op with the sampler off, as shipped and timing every op, back to back, and the
-ratio to "off" is the median over rounds of the per-round ratios. A third line times
-the two things a call does even with sampling off, in isolation (best of 7): the
-sampler's countdown and one counter word's increment. It prints tables and exits 0
-(it is not a test).
+ratio to "off" is the median over rounds of the per-round ratios. A third line times,
+in isolation (best of 7), what a get or put does even with sampling off (the inline
+countdown and adding to the bytes kept back in the process) beside what adding to a
+counter word in the segment would cost instead. It prints tables and exits 0 (it is
+not a test).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from bench_pool import (
 )
 from bench_versions import measure, unpack_revision
 from kvcache.counters import DEFAULT_SAMPLE_EVERY, Latency, M
+from kvcache.pool import Pool
 
 BASE = "06fdda5"
 CASES = ((4 * KiB, 4096), (MiB, 32))
@@ -90,7 +92,7 @@ def paired_ratios(size: int, count: int, rounds: int, batch_s: float) -> dict[st
             for op, call in calls.items():
                 rates = {}
                 for label, every in SAMPLERS.items():
-                    pool._latency = Latency(every, pool._metrics.add_latency)
+                    _set_sampler(pool, every)
                     start = time.perf_counter()
                     for _ in range(loops[op]):
                         call()
@@ -100,6 +102,12 @@ def paired_ratios(size: int, count: int, rounds: int, batch_s: float) -> dict[st
     return {op: [statistics.median(ratios[op][label]) for label in SAMPLERS] for op in OPS}
 
 
+def _set_sampler(pool: Pool, every: int) -> None:
+    """Time one call in ``every`` of each op from now on (0: none), as ``Pool.__init__`` does."""
+    pool._latency = Latency(every, pool._add_sample)
+    pool._gets_left = pool._puts_left = pool._latency.every
+
+
 def _loops(call: Callable[[], object], batch_s: float) -> int:
     call()
     start = time.perf_counter()
@@ -107,23 +115,33 @@ def _loops(call: Callable[[], object], batch_s: float) -> int:
     return max(1, round(batch_s / max(time.perf_counter() - start, 1e-9)))
 
 
-def micro_costs_ns() -> tuple[float, float]:
-    """Best-of-7 nanoseconds of the sampler's countdown (sampling off) and of one counter
-    increment, each alone."""
-    off = Latency(0, lambda counts, sums: None)
+class _Held:
+    """Stands for the pool: a plain instance's attributes, as the pool's are."""
+
+    def __init__(self) -> None:
+        self.left = 1 << 62
+        self.bytes_out = 0
+
+
+def micro_costs_ns() -> tuple[float, float, float]:
+    """Best-of-7 nanoseconds, each alone: the inline countdown with sampling off, adding
+    to the bytes kept back in the process, and adding to a counter word in the segment."""
+    held = _Held()
     words = memoryview(bytearray(4096)).cast("q")
-    n = 200_000
-    countdown = min(timeit.repeat("off.start(0)", globals=locals(), number=n, repeat=7)) / n
-    increment = (
-        min(
-            timeit.repeat(
-                "words[M.bytes_out] += 4096", globals={**locals(), "M": M}, number=n, repeat=7
-            )
-        )
-        / n
+    statements = (
+        "held.left -= 1\nstarted = 0 if held.left else 1",
+        "held.bytes_out += 4096",
+        "words[M.bytes_out] += 4096",
     )
-    empty = min(timeit.repeat("pass", number=n, repeat=7)) / n
-    return (countdown - empty) * 1e9, (increment - empty) * 1e9
+    n = 200_000
+    scope = {"held": held, "words": words, "M": M}
+
+    def best(statement: str) -> float:
+        return min(timeit.repeat(statement, globals=scope, number=n, repeat=7)) / n
+
+    empty = best("pass")
+    countdown, kept_back, word = ((best(s) - empty) * 1e9 for s in statements)
+    return countdown, kept_back, word
 
 
 def before_and_after(rounds: int, quick: bool) -> None:
@@ -181,10 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         paired,
         [f"default: one call in {DEFAULT_SAMPLE_EVERY} of each op timed"],
     )
-    countdown_ns, increment_ns = micro_costs_ns()
+    countdown_ns, kept_back_ns, word_ns = micro_costs_ns()
     print(
-        f"\nalone, best of 7: the sampler's countdown {countdown_ns:.0f} ns, "
-        f"one counter increment {increment_ns:.0f} ns (a call makes one of each)"
+        f"\nalone, best of 7: the countdown {countdown_ns:.0f} ns and the kept-back bytes "
+        f"{kept_back_ns:.0f} ns (each get or put makes one of each); adding to a counter "
+        f"word in the segment instead {word_ns:.0f} ns"
     )
     return 0
 

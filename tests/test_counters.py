@@ -111,18 +111,49 @@ def test_a_bad_sampling_setting_is_refused(
             kvcache.open(name)
 
 
-def test_samples_wait_in_the_process_until_flushed(
+def test_bytes_wait_in_the_process_until_a_sample_stats_or_close(
     make_pool: Callable[..., kvcache.Pool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(SAMPLE_ENV, "4")
     pool = make_pool("1M", page_size="4K")
-    pool.put("k", b"v")
+    pool.put("k", b"v" * 10)
     other = kvcache.open(pool.name)
     try:
-        assert other.metrics().latency["put"].count == 0  # still waiting in the writer
-        assert pool.metrics().latency["put"].count == 1  # metrics() adds its own first
-        assert other.metrics().latency["put"].count == 1
+        assert other.stats().bytes_in == 0  # kept back in the writer
+        assert pool.stats().bytes_in == 10  # stats() adds its own first
+        assert other.stats().bytes_in == 10
+        for _ in range(3):
+            pool.get("k")
+        assert other.stats().bytes_out == 0 and other.stats().hits == 3
+        pool.get("k")  # the 4th get is timed: its sample brings the bytes kept back
+        assert other.stats().bytes_out == 40
+        assert other.metrics().latency["get"].count == 1
+        pool.get("k")
+        pool.close()
+        assert other.stats().bytes_out == 50  # close adds what is left
     finally:
         other.close()
+
+
+def test_a_forked_child_adds_only_its_own_bytes(
+    make_pool: Callable[..., kvcache.Pool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SAMPLE_ENV, "0")
+    pool = make_pool("1M", page_size="4K")
+    pool.put("k", b"v" * 10)  # kept back in this process when the child is forked
+    pid = os.fork()
+    if pid == 0:  # the child: one get, then exit through close
+        code = 0
+        try:
+            pool.get("k")
+            pool.close()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stats = pool.stats()
+    assert (stats.bytes_in, stats.bytes_out) == (10, 10)  # the put's 10 counted once
 
 
 def test_tokens_by_model_with_bounded_labels(make_pool: Callable[..., kvcache.Pool]) -> None:

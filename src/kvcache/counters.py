@@ -21,17 +21,19 @@ own 4 KiB right after the header, so that neither grows into the other::
 Every word is changed under the pool lock, so counts from all processes add up
 and outlive them; ``Pool.reset_stats`` zeroes them all (and the header's).
 
-Latency is sampled: one op in ``DEFAULT_SAMPLE_EVERY`` of each process is timed,
-and a process adds its samples to the segment ``FLUSH_SAMPLES`` at a time (and when
-it closes the pool), so timing costs no lock hold of its own. Timing every op cost
-up to 22% of a 4 KiB get_into on the 2-core VM; one in 16, within 3%
-(``benchmarks/bench_metrics.py``, README).
+Two things are kept back in each process and added to the region together, so that
+a 4 KiB get or put pays for no word of its own: the value bytes in and out (a
+memoryview word costs ~0.1 us to add to, ~1.5% of a 4 KiB get) and latency. Latency
+is sampled: one call in ``DEFAULT_SAMPLE_EVERY`` of each op is timed, and each
+sample is added at once with the bytes the process kept back meanwhile, in one lock
+hold (and at ``Pool.stats``, ``Pool.metrics`` and close). So another process sees a
+process's bytes at most 63 of its gets or puts late. Timing every op cost up to 22%
+of a 4 KiB get_into on the 2-core VM (``benchmarks/bench_metrics.py``, README).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -72,8 +74,7 @@ assert METRICS_DTYPE.itemsize <= METRICS_BYTES
 M = _WordIndex(METRICS_DTYPE)
 """Word index of each field of the region: ``metrics_q[M.bytes_in]``."""
 SAMPLE_ENV = "KVCACHE_LATENCY_SAMPLE"
-DEFAULT_SAMPLE_EVERY = 16
-FLUSH_SAMPLES = 16
+DEFAULT_SAMPLE_EVERY = 64
 _NEVER = 1 << 62
 
 
@@ -94,23 +95,20 @@ def bucket_of(ns: int) -> int:
 
 
 class Latency:
-    """One process's latency sampler for one pool: times one op in ``every``.
+    """One process's latency sampler for one pool: times one call in ``every`` of each op.
 
-    ``start`` is on every op's path, so it is a countdown and nothing more;
-    ``stop`` (sampled ops only) keeps the sample here until ``FLUSH_SAMPLES``
-    are waiting, then hands them to ``flush`` (which adds them under the pool lock).
+    ``start`` is on every call's path, so it is a countdown and nothing more
+    (``Pool.get`` and ``Pool.put`` count down inline instead: the method call
+    alone is half its cost); ``stop`` hands a sampled call's nanoseconds to
+    ``record`` (``Pool``'s: it adds them to the region under the pool lock).
     """
 
-    def __init__(self, every: int, flush: Callable[[list[int], list[int]], None]) -> None:
-        self._every = every if every > 0 else _NEVER
+    def __init__(self, every: int, record: Callable[[int, int], None]) -> None:
+        self.every = every if every > 0 else _NEVER
         # One countdown per op: a shared one would sample only one op of a process that
         # alternates them (put, get, put, get ... with an even ``every``).
-        self._countdowns = [self._every] * len(OPS)
-        self._flush = flush
-        self._guard = threading.Lock()  # threads share the sampler; only sampled ops take it
-        self._counts = [0] * (len(OPS) * NUM_BUCKETS)
-        self._sums_ns = [0] * len(OPS)
-        self._pending = 0
+        self._countdowns = [self.every] * len(OPS)
+        self._record = record
 
     def start(self, op: int) -> int:
         """A start time if this call of ``op`` is sampled, else 0."""
@@ -118,37 +116,12 @@ class Latency:
         countdowns[op] -= 1
         if countdowns[op]:
             return 0
-        countdowns[op] = self._every
+        countdowns[op] = self.every
         return time.perf_counter_ns()
 
     def stop(self, op: int, started_ns: int) -> None:
-        """Record a sampled op that began at ``started_ns``."""
-        ns = time.perf_counter_ns() - started_ns
-        with self._guard:
-            self._counts[op * NUM_BUCKETS + bucket_of(ns)] += 1
-            self._sums_ns[op] += ns
-            self._pending += 1
-            if self._pending < FLUSH_SAMPLES:
-                return
-        self.flush()
-
-    def flush(self) -> None:
-        """Hand the waiting samples to the segment."""
-        with self._guard:
-            if not self._pending:
-                return
-            counts, sums = self._counts, self._sums_ns
-            self._counts = [0] * len(counts)
-            self._sums_ns = [0] * len(sums)
-            self._pending = 0
-        self._flush(counts, sums)
-
-    def drop(self) -> None:
-        """Forget the waiting samples (the counters were reset)."""
-        with self._guard:
-            self._counts = [0] * len(self._counts)
-            self._sums_ns = [0] * len(self._sums_ns)
-            self._pending = 0
+        """Record a sampled call of ``op`` that began at ``started_ns``."""
+        self._record(op, time.perf_counter_ns() - started_ns)
 
 
 class MetricsRegion:
@@ -161,15 +134,15 @@ class MetricsRegion:
         self._lock = lock
         self._rows: dict[str, int] = {}  # model -> row, as last found here (checked each use)
 
-    def add_latency(self, counts: list[int], sums_ns: list[int]) -> None:
-        """Add a process's latency samples (``Latency``'s flush)."""
-        q, base = self.q, M.latency
-        with self._lock:
-            for index, count in enumerate(counts):
-                if count:
-                    q[base + index] += count
-            for op, ns in enumerate(sums_ns):
-                q[M.latency_ns + op] += ns
+    def add(self, bytes_in: int, bytes_out: int, op: int = -1, ns: int = 0) -> None:
+        """Add what a process kept back: value bytes, and a latency sample of ``op`` (if
+        not -1) that took ``ns``; call under the lock."""
+        q = self.q
+        q[M.bytes_in] += bytes_in
+        q[M.bytes_out] += bytes_out
+        if op >= 0:
+            q[M.latency + op * NUM_BUCKETS + bucket_of(ns)] += 1
+            q[M.latency_ns + op] += ns
 
     def count_tokens(self, model: str, queried: int = 0, hit: int = 0, stored: int = 0) -> None:
         """Add to ``model``'s token counters (the ``other`` row once all rows are taken)."""

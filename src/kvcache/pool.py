@@ -181,7 +181,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._lock = PoolLock(seg.fd, self._hq, self._repair_after_crash, self.name)
         self._metrics = MetricsRegion(views.metrics, self._lock)
         self._mq = self._metrics.q
-        self._latency = Latency(sample_every(), self._metrics.add_latency)
+        self._latency = Latency(sample_every(), self._add_sample)
+        self._gets_left = self._puts_left = self._latency.every
+        # Value bytes this process put and got, kept back (changed under the lock) until
+        # a latency sample, stats(), metrics() or close() adds them (kvcache.counters).
+        self._bytes_in = self._bytes_out = 0
         # The slot's lease is held through the lock's own description (see procs).
         self._procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
         try:
@@ -202,6 +206,25 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._lock.close()
             raise
         _open_pools.add(self)
+
+    def _start_timing(self, op: int) -> int:
+        """The start of a sampled ``get`` or ``put``: the inline countdown ran out."""
+        if op == PUT:
+            self._puts_left = self._latency.every
+        else:
+            self._gets_left = self._latency.every
+        return time.perf_counter_ns()
+
+    def _add_sample(self, op: int, ns: int) -> None:
+        # closed or destroyed meanwhile: the call itself succeeded, and its sample goes
+        with contextlib.suppress(KVCacheError), self._lock:
+            self._metrics.add(self._bytes_in, self._bytes_out, op, ns)
+            self._bytes_in = self._bytes_out = 0
+
+    def _add_kept_back(self) -> None:
+        """Add this process's kept-back value bytes to the region; call under the lock."""
+        self._metrics.add(self._bytes_in, self._bytes_out)
+        self._bytes_in = self._bytes_out = 0
 
     @property
     def tier(self) -> str:
@@ -257,7 +280,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 smaller one is stored by evicting within those pages instead.
             InvalidArgument: bad key, value, priority or ttl.
         """
-        started = self._latency.start(PUT)
+        # get and put count down here, not in Latency.start: a call is half the cost
+        self._puts_left -= 1
+        started = 0 if self._puts_left else self._start_timing(PUT)
         key_bytes, flags = encode_key(key)
         encoded = codec.encode(value, self._num_pages * self._page_size - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
@@ -346,7 +371,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def get(self, key: Key, default: Default) -> Value | Default: ...
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
-        started = self._latency.start(GET)
+        self._gets_left -= 1
+        started = 0 if self._gets_left else self._start_timing(GET)
         value = self._read(key, transfer.materialise)
         if value is None and self._below is not None:
             value = self._read_below(key, transfer.materialise)
@@ -383,7 +409,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             payload.copy_into(target)
             return length
 
-        started = self._latency.start(GET)
+        self._gets_left -= 1
+        started = 0 if self._gets_left else self._start_timing(GET)
         length = self._read(key, copy)
         if length is None and self._below is not None:
             length = self._read_below(key, copy)
@@ -477,6 +504,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         """Occupancy and counters as every attached process sees them."""
         with self._lock:
             h = self._hq
+            self._add_kept_back()
             counters = {name: h[getattr(H, name)] for name in COUNTERS}
             counters.update((name, self._mq[getattr(M, name)]) for name in COUNTER_NAMES)
             used, num_live = h[H.used_pages] * self._page_size, h[H.num_live]
@@ -499,10 +527,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     @reports_damage
     def metrics(self) -> PoolMetrics:
         """Latency histograms and PrefixCache token counters, as every process sees them
-        (counters without a unit are in :meth:`stats`). This process's latency samples
-        not yet added are added first."""
-        self._latency.flush()
+        (counters without a unit are in :meth:`stats`)."""
         with self._lock:
+            self._add_kept_back()
             region = self._metrics.read()
         return PoolMetrics.from_region(self.name, self.tier, region)
 
@@ -510,8 +537,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def reset_stats(self) -> None:
         """Zero every counter and histogram of :meth:`stats`, :meth:`metrics` and
         :meth:`remote_stats`, for every process (``cortex cache stats NAME --reset``)."""
-        self._latency.drop()
         with self._lock:
+            self._bytes_in = self._bytes_out = 0
             h = self._hq
             for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
                 h[getattr(H, name)] = 0
@@ -580,8 +607,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         if self._remote is not None:
             self._remote.close()  # sends what is queued, for a bounded time
         self._close_access_log()
-        with contextlib.suppress(KVCacheError):  # destroyed or damaged: samples go with it
-            self._latency.flush()
+        with contextlib.suppress(KVCacheError), self._lock:  # destroyed or damaged: lost
+            self._add_kept_back()
         try:
             if self._on_disk:
                 self._close_cleanly()
@@ -593,7 +620,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._allocator = self._entries = self._index = self._procs = None  # type: ignore[assignment]
             self._hq = self._hd = self._eq = self._ed = self._data = None  # type: ignore[assignment]
             self._metrics = self._mq = None  # type: ignore[assignment]
-            self._latency = Latency(0, _discard_samples)  # its flush holds the region's views
+            self._latency = Latency(0, _discard_sample)  # its record holds the region's views
             self._views.release()
             self._segment.close()
 
@@ -680,9 +707,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         lease (the parent's entries would look alive while the child runs).
         """
         self._lock.reopen_after_fork()
-        # the parent's waiting latency samples are the parent's to add (and its guard
-        # may have been held by one of its threads at the fork)
-        self._latency = Latency(sample_every(), self._metrics.add_latency)
+        self._bytes_in = self._bytes_out = 0  # what the parent kept back is the parent's
         try:
             self._slot, self._serial = self._procs.claim(self._lock.fd)
         except PoolFullError:
@@ -893,7 +918,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         clock = h[H.clock] + 1
         h[H.clock] = clock
         q, d = self._eq, self._ed
-        self._mq[M.bytes_out] += q[base + E.value_len]
+        self._bytes_out += q[base + E.value_len]
         if self._sketch is None:
             idle = clock - q[base + E.last_access]
             d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
@@ -1087,7 +1112,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._index.insert(eid, lo)
         self._entries.add_live(eid)
         h[H.puts] += 1
-        self._mq[M.bytes_in] += q[base + E.value_len]
+        self._bytes_in += q[base + E.value_len]
         expires_at = d[base + E.expires_at]
         if expires_at < self._hd[H.next_expiry_at]:
             self._hd[H.next_expiry_at] = expires_at
@@ -1295,7 +1320,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._hq[H.repairs] += 1
 
 
-def _discard_samples(counts: list[int], sums_ns: list[int]) -> None:
+def _discard_sample(op: int, ns: int) -> None:
     pass
 
 
