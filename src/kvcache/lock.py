@@ -135,6 +135,19 @@ class PoolLock:
             pass
 
 
+@contextlib.contextmanager
+def file_lock_only(fd: int) -> Iterator[None]:
+    """The pool's file lock without the rest of ``PoolLock.__enter__``: for a closing
+    handle's last counts (in ``PoolLock.closing``'s block, which holds the thread lock).
+    Nothing is repaired or refused under it: only counter words change, which a crash
+    mid-add leaves merely a little off."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def closed_error(name: str) -> PoolClosedError:
     """What using a closed pool raises."""
     return PoolClosedError(f"pool '{name}' was closed here: kvcache.open('{name}') again")

@@ -70,7 +70,7 @@ from .layout import (
     H,
     Views,
 )
-from .lock import ClosedLock, PoolLock, closed_error
+from .lock import ClosedLock, PoolLock, closed_error, file_lock_only
 from .mapping import READ_ATTEMPTS, Default, Value
 from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
@@ -607,12 +607,15 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         if self._remote is not None:
             self._remote.close()  # sends what is queued, for a bounded time
         self._close_access_log()
-        with contextlib.suppress(KVCacheError), self._lock:  # destroyed or damaged: lost
-            self._add_kept_back()
         try:
             if self._on_disk:
                 self._close_cleanly()
             with self._lock.closing() as lock_fd:
+                if self._bytes_in or self._bytes_out:
+                    # after closing began, so that threads waiting for the lock are refused
+                    # while this waits for another process's hold, as they were before
+                    with file_lock_only(lock_fd):
+                        self._add_kept_back()
                 if self._slot >= 0:
                     self._procs.leave(lock_fd, self._slot)
         finally:
