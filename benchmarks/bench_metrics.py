@@ -2,20 +2,24 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_metrics.py            # 5 interleaved rounds, ~2 minutes
+    .venv/bin/python benchmarks/bench_metrics.py            # 9 interleaved rounds, ~5 minutes
     .venv/bin/python benchmarks/bench_metrics.py --quick    # smoke variant (CI)
 
 Method: as ``bench_versions`` (``bench_pool.measure_pool_ops`` in a fresh child process per
-variant, variants interleaved round by round, median over rounds), for 4 KiB and 1 MiB
-values, four variants side by side in one run:
+variant, variants interleaved round by round in a shuffled order, median over rounds), for
+4 KiB and 1 MiB values, five variants side by side in one run:
 
-- ``before``: revision 06fdda5, the last before the metrics region (no new counters);
-- ``latency off``: this tree with ``KVCACHE_LATENCY_SAMPLE=0`` (counters only);
+- ``no counting``: a copy of this tree with the lines by which get, get_into and put count
+  taken out of ``Pool`` (``COUNTING_LINES``: the sampler's countdowns, its stop, the
+  kept-back value bytes), counters off;
+- ``again``: the same copy measured again, so that the table shows its own noise (on the
+  2-core VM two identical trees differ by up to 3% in this table);
+- ``latency off``: this tree with ``KVCACHE_LATENCY_SAMPLE=0`` (counters, no timing);
 - ``default``: this tree as shipped (counters, one call in 64 of each op timed);
 - ``every op``: ``KVCACHE_LATENCY_SAMPLE=1`` (every op timed: why the default samples).
 
-The last columns are each variant's ops/s over ``before``'s (1.00 = no cost; the goal is
-the default within 3%).
+The last columns are each variant's ops/s over ``no counting``'s (1.00 = no cost; the
+goal is the default within 3%), as the median over rounds of each round's ratio.
 
 On a shared machine that table moves by 10-20% from run to run for 1 MiB values
 (memory bandwidth taken by others), more than the effect measured. So a second table
@@ -25,12 +29,14 @@ ratio to "off" is the median over rounds of the per-round ratios. A third line t
 in isolation (best of 7), what a get or put does even with sampling off (the inline
 countdown and adding to the bytes kept back in the process) beside what adding to a
 counter word in the segment would cost instead. It prints tables and exits 0 (it is
-not a test).
+not a test), or 1 if pool.py no longer has the lines it takes out.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,14 +59,26 @@ from bench_pool import (
     random_bytes,
     temp_pool,
 )
-from bench_versions import measure, unpack_revision
+from bench_versions import measure
 from kvcache.counters import DEFAULT_SAMPLE_EVERY, Latency, M
 from kvcache.pool import Pool
 
-BASE = "06fdda5"
+COUNTING_LINES = (
+    "self._gets_left -= 1",
+    "self._puts_left -= 1",
+    "started = 0 if self._gets_left else self._start_timing(GET)",
+    "started = 0 if self._puts_left else self._start_timing(PUT)",
+    "if started:",  # with the stop on the next line
+    "self._bytes_in += q[base + E.value_len]",
+    "self._bytes_out += q[base + E.value_len]",
+)
+"""The lines of ``kvcache/pool.py`` by which a get or put counts (the header's hit, miss and
+put words are older than the metrics, and stay)."""
+COUNTING_LINES_IN_POOL = 14
 CASES = ((4 * KiB, 4096), (MiB, 32))
 VARIANTS = {
-    "before": None,
+    "no counting": None,
+    "again": None,
     "latency off": {"KVCACHE_LATENCY_SAMPLE": "0"},
     "default": {},
     "every op": {"KVCACHE_LATENCY_SAMPLE": "1"},
@@ -144,29 +162,65 @@ def micro_costs_ns() -> tuple[float, float, float]:
     return countdown, kept_back, word
 
 
-def before_and_after(rounds: int, quick: bool) -> None:
-    """The first table: the revision before the metrics region beside this tree's variants."""
+def without_counting(folder: Path) -> Path | None:
+    """A copy of this tree's ``src`` in ``folder`` with ``COUNTING_LINES`` taken out of
+    ``Pool``; None (and why, printed) if pool.py no longer has them all."""
+    src = folder / "src"
+    shutil.copytree(REPO / "src", src)
+    pool_py = src / "kvcache" / "pool.py"
+    lines = pool_py.read_text().split("\n")
+    kept: list[str] = []
+    removed = 0
+    for line in lines:
+        if kept and kept[-1].strip() == "if started:" and "self._latency.stop(" in line:
+            kept.pop()
+            removed += 2
+        elif line.strip() in COUNTING_LINES and line.strip() != "if started:":
+            removed += 1
+        else:
+            kept.append(line)
+    if removed != COUNTING_LINES_IN_POOL:
+        print(
+            f"pool.py has {removed} of the {COUNTING_LINES_IN_POOL} counting lines this "
+            "benchmark takes out: update COUNTING_LINES; no table"
+        )
+        return None
+    pool_py.write_text("\n".join(kept))
+    return src
+
+
+def on_and_off(rounds: int, quick: bool) -> bool:
+    """The first table: this tree without counting beside its sampler settings; False if
+    the variant without counting could not be built."""
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        base_src = unpack_revision(BASE, Path(tmp))
-        if base_src is None:
-            print(f"revision {BASE} is not in this clone: nothing to compare")
-            return
+        bare_src = without_counting(Path(tmp))
+        if bare_src is None:
+            return False
         for size, count in CASES:
             runs: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
-            for _ in range(rounds):
-                for label, environ in VARIANTS.items():
-                    src = base_src if environ is None else REPO / "src"
+            for round_number in range(rounds):
+                order = list(VARIANTS.items())
+                random.Random(round_number).shuffle(order)  # no variant always runs first
+                for label, environ in order:
+                    src = bare_src if environ is None else REPO / "src"
                     runs[label].append(measure(src, size, count, False, quick, environ))
             for op in OPS:
                 medians = {label: statistics.median(r[op] for r in runs[label]) for label in runs}
-                base = medians["before"]
+                pairs = {
+                    label: zip(runs[label], runs["no counting"], strict=True)
+                    for label in list(VARIANTS)[1:]
+                }
+                ratios = {
+                    label: statistics.median(r[op] / bare[op] for r, bare in rounds_of_pairs)
+                    for label, rounds_of_pairs in pairs.items()
+                }
                 rows.append(
                     [
                         fmt_size(size),
                         op,
                         *[fmt_int(medians[label]) for label in VARIANTS],
-                        *[f"{medians[label] / base:.3f}" for label in list(VARIANTS)[1:]],
+                        *[f"{ratio:.3f}" for ratio in ratios.values()],
                     ]
                 )
     print_table(
@@ -175,19 +229,24 @@ def before_and_after(rounds: int, quick: bool) -> None:
             "value",
             "operation",
             *VARIANTS,
-            *[f"{label}/before" for label in list(VARIANTS)[1:]],
+            *[f"{label}/none" for label in list(VARIANTS)[1:]],
         ],
         rows,
-        ["put overwrites; get returns new bytes; get_into fills one buffer."],
+        [
+            "put overwrites; get returns new bytes; get_into fills one buffer; "
+            "ratios: median of each round's"
+        ],
     )
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     parser.add_argument("--quick", action="store_true", help="one round of short repeats")
     args = parser.parse_args(argv)
-    before_and_after(1 if args.quick else args.rounds, args.quick)
+    if not on_and_off(1 if args.quick else args.rounds, args.quick):
+        return 1  # CI runs it: a benchmark that no longer measures what it says fails
     paired_rounds = 3 if args.quick else 21
     paired: list[list[object]] = []
     for size, count in CASES:
