@@ -2,53 +2,48 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_metrics.py            # 9 interleaved rounds, ~5 minutes
+    .venv/bin/python benchmarks/bench_metrics.py            # 61 rounds, ~4 minutes
     .venv/bin/python benchmarks/bench_metrics.py --quick    # smoke variant (CI)
 
-Method: as ``bench_versions`` (``bench_pool.measure_pool_ops`` in a fresh child process per
-variant, variants interleaved round by round in a shuffled order, median over rounds), for
-4 KiB and 1 MiB values, five variants side by side in one run:
+Method: one process, one warm pool per value size (4 KiB and 1 MiB), six variants of
+``Pool``'s code swapped in and out of the class round by round (in a shuffled order),
+each timed as the best of 3 batches of put, get and get_into over every key:
 
-- ``no counting``: a copy of this tree with the lines by which get, get_into and put count
-  taken out of ``Pool`` (``COUNTING_LINES``: the sampler's countdowns, its stop, the
-  kept-back value bytes), counters off;
-- ``again``: the same copy measured again, so that the table shows its own noise (on the
-  2-core VM two identical trees differ by up to 3% in this table);
-- ``latency off``: this tree with ``KVCACHE_LATENCY_SAMPLE=0`` (counters, no timing);
-- ``default``: this tree as shipped (counters, one call in 64 of each op timed);
-- ``every op``: ``KVCACHE_LATENCY_SAMPLE=1`` (every op timed: why the default samples).
+- ``no counting``: the methods of ``Pool`` that count, compiled from this tree's
+  ``pool.py`` with ``COUNTING_LINES`` taken out (the sampler's countdowns and their
+  tests, the kept-back value bytes), sampling off;
+- ``again``: the same, timed again, so that the table shows its own noise;
+- ``latency off``: this tree with sampling off (counters, no timing);
+- ``1 in 64``: this tree, one call in 64 of each op timed (the previous default);
+- ``as shipped``: this tree, one call in ``DEFAULT_SAMPLE_EVERY`` of each op timed;
+- ``every op``: every op timed (why the default samples).
 
-The last columns are each variant's ops/s over ``no counting``'s (1.00 = no cost; the
-goal is the default within 3%), as the median over rounds of each round's ratio.
-
-On a shared machine that table moves by 10-20% from run to run for 1 MiB values
-(memory bandwidth taken by others), more than the effect measured. So a second table
-pairs the sampler settings in one process on one pool: each round times a short batch
-of each op with the sampler off, as shipped and timing every op, back to back, and the
-ratio to "off" is the median over rounds of the per-round ratios. A third line times,
-in isolation (best of 7), what a get or put does even with sampling off (the inline
-countdown and adding to the bytes kept back in the process) beside what adding to a
-counter word in the segment would cost instead. It prints tables and exits 0 (it is
-not a test), or 1 if pool.py no longer has the lines it takes out.
+The ratios are each variant's ops/s over ``no counting``'s in the same round, median over
+rounds (1.000 = no cost; the goal is ``as shipped`` within 3%). Variants in separate
+processes differ by up to 3% from process to process (memory layout), more than the
+effect measured; swapping code within one process removes that. A last line times, alone
+(best of 7), what a get or put does with sampling off (the inline countdown and adding to
+the bytes kept back in the process) beside what adding to a counter word in the segment
+would cost instead. It prints tables and exits 0 (it is not a test), or 1 if pool.py no
+longer has the lines it takes out.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import timeit
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+import kvcache.pool
 from bench_pool import (
-    REPO,
     KiB,
     MiB,
     fmt_int,
@@ -59,37 +54,83 @@ from bench_pool import (
     random_bytes,
     temp_pool,
 )
-from bench_versions import measure
 from kvcache.counters import DEFAULT_SAMPLE_EVERY, Latency, M
 from kvcache.pool import Pool
 
 COUNTING_LINES = (
     "self._gets_left -= 1",
     "self._puts_left -= 1",
-    "started = 0 if self._gets_left else self._start_timing(GET)",
-    "started = 0 if self._puts_left else self._start_timing(PUT)",
-    "if started:",  # with the stop on the next line
+    "if not self._gets_left:",  # with the timed call on the next line
+    "if not self._puts_left:",
     "self._bytes_in += q[base + E.value_len]",
-    "self._bytes_out += q[base + E.value_len]",
+    "self._bytes_out += value_len if count else 0",
 )
 """The lines of ``kvcache/pool.py`` by which a get or put counts (the header's hit, miss and
-put words are older than the metrics, and stay)."""
-COUNTING_LINES_IN_POOL = 14
+put words are older than the metrics, and stay); one ending in ``:`` goes with the next."""
+COUNTING_LINES_IN_POOL = 11
 CASES = ((4 * KiB, 4096), (MiB, 32))
-VARIANTS = {
-    "no counting": None,
-    "again": None,
-    "latency off": {"KVCACHE_LATENCY_SAMPLE": "0"},
-    "default": {},
-    "every op": {"KVCACHE_LATENCY_SAMPLE": "1"},
-}
 OPS = ("put", "get", "get_into")
-SAMPLERS = {"off": 0, "default": DEFAULT_SAMPLE_EVERY, "every op": 1}
+Methods = dict[str, Callable[..., object]]
 
 
-def paired_ratios(size: int, count: int, rounds: int, batch_s: float) -> dict[str, list[float]]:
-    """Per op and sampler, the median over rounds of (ops/s with it) / (ops/s with it off),
-    all in this process on one warm pool."""
+def without_counting() -> Methods | None:
+    """``Pool``'s methods that count, compiled from its source with ``COUNTING_LINES``
+    taken out; None (and why, printed) if pool.py no longer has them all."""
+    source = Path(kvcache.pool.__file__)
+    kept: list[str] = []
+    changed: set[str] = set()
+    method, removed, skip_next = "", 0, False
+    for line in source.read_text().split("\n"):
+        if line.startswith("    def "):
+            method = line.split("(")[0].removeprefix("    def ")
+        if skip_next or line.strip() in COUNTING_LINES:
+            skip_next = not skip_next and line.endswith(":")
+            removed += 1
+            changed.add(method)
+        else:
+            kept.append(line)
+    if removed != COUNTING_LINES_IN_POOL:
+        print(
+            f"pool.py has {removed} of the {COUNTING_LINES_IN_POOL} counting lines this "
+            "benchmark takes out: update COUNTING_LINES; no table"
+        )
+        return None
+    module = types.ModuleType("kvcache._pool_without_counting")
+    module.__package__ = "kvcache"
+    exec(compile("\n".join(kept), str(source), "exec"), module.__dict__)
+    return {name: vars(module.Pool)[name] for name in changed}
+
+
+def _install(methods: Methods, pool: Pool, every: int) -> None:
+    """Give ``Pool`` these methods, and ``pool`` a sampler timing one call in ``every``
+    of each op from now on (0: none), as ``Pool.__init__`` does."""
+    for name, method in methods.items():
+        setattr(Pool, name, method)
+    pool._latency = Latency(every, pool._add_sample)
+    pool._gets_left = pool._puts_left = pool._latency.every
+
+
+def _batches(call: Callable[[], object], batch_s: float) -> int:
+    """How many calls of ``call`` take about ``batch_s``."""
+    call()
+    start = time.perf_counter()
+    call()
+    return max(1, round(batch_s / max(time.perf_counter() - start, 1e-9)))
+
+
+def side_by_side(
+    size: int, count: int, bare: Methods, rounds: int, batch_s: float
+) -> dict[str, dict[str, list[float]]]:
+    """Per op and variant, ops/s of each round (this process, one warm pool)."""
+    shipped = {name: vars(Pool)[name] for name in bare}
+    variants = {
+        "no counting": (bare, 0),
+        "again": (bare, 0),
+        "latency off": (shipped, 0),
+        "1 in 64": (shipped, 64),
+        "as shipped": (shipped, DEFAULT_SAMPLE_EVERY),
+        "every op": (shipped, 1),
+    }
     value, buffer = random_bytes(size), np.empty(size, np.uint8)
     keys = [f"key-{i:08d}" for i in range(count)]
     page = 64 * KiB
@@ -97,40 +138,48 @@ def paired_ratios(size: int, count: int, rounds: int, batch_s: float) -> dict[st
         new_pool_name("metrics"), pool_size_for(size, count, page), page_size=page
     ) as pool:
         calls = {
-            "put": lambda: [pool.put(k, value) for k in keys],
-            "get": lambda: [pool.get(k) for k in keys],
-            "get_into": lambda: [pool.get_into(k, buffer) for k in keys],
+            "put": _over_keys(pool, "put", keys, value),
+            "get": _over_keys(pool, "get", keys),
+            "get_into": _over_keys(pool, "get_into", keys, buffer),
         }
         calls["put"]()
-        loops = {op: _loops(call, batch_s) for op, call in calls.items()}
-        ratios: dict[str, dict[str, list[float]]] = {
-            op: {label: [] for label in SAMPLERS} for op in OPS
-        }
-        for _ in range(rounds):
-            for op, call in calls.items():
-                rates = {}
-                for label, every in SAMPLERS.items():
-                    _set_sampler(pool, every)
-                    start = time.perf_counter()
-                    for _ in range(loops[op]):
+        loops = {op: _batches(call, batch_s) for op, call in calls.items()}
+        rates = {op: {label: [] for label in variants} for op in OPS}
+        try:
+            for round_number in range(rounds):
+                order = list(variants.items())
+                random.Random(round_number).shuffle(order)  # no variant always runs first
+                for op, call in calls.items():
+                    for label, (methods, every) in order:
+                        _install(methods, pool, every)
                         call()
-                    rates[label] = loops[op] * count / (time.perf_counter() - start)
-                for label in SAMPLERS:
-                    ratios[op][label].append(rates[label] / rates["off"])
-    return {op: [statistics.median(ratios[op][label]) for label in SAMPLERS] for op in OPS}
+                        best = min(_timed(call, loops[op]) for _ in range(3))
+                        rates[op][label].append(loops[op] * count / best)
+        finally:
+            _install(shipped, pool, DEFAULT_SAMPLE_EVERY)
+        stats = pool.stats()
+        if stats.evictions or stats.misses:
+            raise RuntimeError(f"benchmark pool evicted or missed: {stats}")
+    return rates
 
 
-def _set_sampler(pool: Pool, every: int) -> None:
-    """Time one call in ``every`` of each op from now on (0: none), as ``Pool.__init__`` does."""
-    pool._latency = Latency(every, pool._add_sample)
-    pool._gets_left = pool._puts_left = pool._latency.every
+def _over_keys(pool: Pool, op: str, keys: list[str], *args: object) -> Callable[[], None]:
+    """One call of ``op`` per key, as the class has it now (bound once per batch); results
+    are dropped at once, as an application's would be."""
+
+    def run() -> None:
+        method = getattr(pool, op)
+        for key in keys:
+            method(key, *args)
+
+    return run
 
 
-def _loops(call: Callable[[], object], batch_s: float) -> int:
-    call()
+def _timed(call: Callable[[], object], loops: int) -> float:
     start = time.perf_counter()
-    call()
-    return max(1, round(batch_s / max(time.perf_counter() - start, 1e-9)))
+    for _ in range(loops):
+        call()
+    return time.perf_counter() - start
 
 
 class _Held:
@@ -147,7 +196,7 @@ def micro_costs_ns() -> tuple[float, float, float]:
     held = _Held()
     words = memoryview(bytearray(4096)).cast("q")
     statements = (
-        "held.left -= 1\nstarted = 0 if held.left else 1",
+        "held.left -= 1\nif not held.left:\n    pass",
         "held.bytes_out += 4096",
         "words[M.bytes_out] += 4096",
     )
@@ -162,101 +211,42 @@ def micro_costs_ns() -> tuple[float, float, float]:
     return countdown, kept_back, word
 
 
-def without_counting(folder: Path) -> Path | None:
-    """A copy of this tree's ``src`` in ``folder`` with ``COUNTING_LINES`` taken out of
-    ``Pool``; None (and why, printed) if pool.py no longer has them all."""
-    src = folder / "src"
-    shutil.copytree(REPO / "src", src)
-    pool_py = src / "kvcache" / "pool.py"
-    lines = pool_py.read_text().split("\n")
-    kept: list[str] = []
-    removed = 0
-    for line in lines:
-        if kept and kept[-1].strip() == "if started:" and "self._latency.stop(" in line:
-            kept.pop()
-            removed += 2
-        elif line.strip() in COUNTING_LINES and line.strip() != "if started:":
-            removed += 1
-        else:
-            kept.append(line)
-    if removed != COUNTING_LINES_IN_POOL:
-        print(
-            f"pool.py has {removed} of the {COUNTING_LINES_IN_POOL} counting lines this "
-            "benchmark takes out: update COUNTING_LINES; no table"
-        )
-        return None
-    pool_py.write_text("\n".join(kept))
-    return src
-
-
-def on_and_off(rounds: int, quick: bool) -> bool:
-    """The first table: this tree without counting beside its sampler settings; False if
-    the variant without counting could not be built."""
-    rows: list[list[object]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        bare_src = without_counting(Path(tmp))
-        if bare_src is None:
-            return False
-        for size, count in CASES:
-            runs: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
-            for round_number in range(rounds):
-                order = list(VARIANTS.items())
-                random.Random(round_number).shuffle(order)  # no variant always runs first
-                for label, environ in order:
-                    src = bare_src if environ is None else REPO / "src"
-                    runs[label].append(measure(src, size, count, False, quick, environ))
-            for op in OPS:
-                medians = {label: statistics.median(r[op] for r in runs[label]) for label in runs}
-                pairs = {
-                    label: zip(runs[label], runs["no counting"], strict=True)
-                    for label in list(VARIANTS)[1:]
-                }
-                ratios = {
-                    label: statistics.median(r[op] / bare[op] for r, bare in rounds_of_pairs)
-                    for label, rounds_of_pairs in pairs.items()
-                }
-                rows.append(
-                    [
-                        fmt_size(size),
-                        op,
-                        *[fmt_int(medians[label]) for label in VARIANTS],
-                        *[f"{ratio:.3f}" for ratio in ratios.values()],
-                    ]
-                )
-    print_table(
-        f"Counters and latency histograms: ops/s, median of {rounds} interleaved rounds",
-        [
-            "value",
-            "operation",
-            *VARIANTS,
-            *[f"{label}/none" for label in list(VARIANTS)[1:]],
-        ],
-        rows,
-        [
-            "put overwrites; get returns new bytes; get_into fills one buffer; "
-            "ratios: median of each round's"
-        ],
-    )
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
-    parser.add_argument("--quick", action="store_true", help="one round of short repeats")
+    parser.add_argument("--rounds", type=int, default=61, help="rounds (default 61)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of short batches")
     args = parser.parse_args(argv)
-    if not on_and_off(1 if args.quick else args.rounds, args.quick):
+    bare = without_counting()
+    if bare is None:
         return 1  # CI runs it: a benchmark that no longer measures what it says fails
-    paired_rounds = 3 if args.quick else 21
-    paired: list[list[object]] = []
+    rounds = 3 if args.quick else args.rounds
+    rows: list[list[object]] = []
+    labels: list[str] = []
     for size, count in CASES:
-        medians = paired_ratios(size, count, paired_rounds, 0.01 if args.quick else 0.1)
-        paired += [[fmt_size(size), op, *[f"{r:.3f}" for r in medians[op]]] for op in OPS]
+        rates = side_by_side(size, count, bare, rounds, 0.005 if args.quick else 0.02)
+        for op in OPS:
+            base = rates[op]["no counting"]
+            labels = list(rates[op])
+            ratios = [
+                statistics.median(r / b for r, b in zip(rates[op][label], base, strict=True))
+                for label in labels[1:]
+            ]
+            rows.append(
+                [
+                    fmt_size(size),
+                    op,
+                    fmt_int(statistics.median(base)),
+                    *[f"{ratio:.3f}" for ratio in ratios],
+                ]
+            )
     print_table(
-        f"Paired in one process: ops/s over sampling off, median of {paired_rounds} rounds",
-        ["value", "operation", *SAMPLERS],
-        paired,
-        [f"default: one call in {DEFAULT_SAMPLE_EVERY} of each op timed"],
+        f"Counters and latency histograms: ops/s, median of {rounds} rounds in one process",
+        ["value", "operation", labels[0], *[f"{label}/none" for label in labels[1:]]],
+        rows,
+        [
+            "put overwrites; get returns new bytes; get_into fills one buffer; ratios: "
+            f"median of each round's; as shipped: one call in {DEFAULT_SAMPLE_EVERY} timed"
+        ],
     )
     countdown_ns, kept_back_ns, word_ns = micro_costs_ns()
     print(

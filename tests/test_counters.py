@@ -91,6 +91,22 @@ def test_latency_histograms_count_every_sampled_op(make_pool: Callable[..., kvca
     assert 0 < latency["get"].sum_s < 1
 
 
+@pytest.mark.parametrize("every", [1, 2, 4])
+def test_one_call_in_every_is_timed_for_each_op(
+    make_pool: Callable[..., kvcache.Pool], monkeypatch: pytest.MonkeyPatch, every: int
+) -> None:
+    monkeypatch.setenv(SAMPLE_ENV, str(every))
+    pool = make_pool("1M", page_size="4K")
+    for i in range(12):
+        pool.put(f"k{i}", b"v")
+        pool.get(f"k{i}")
+        pool.get_into(f"k{i}", bytearray(1))
+    latency = pool.metrics().latency
+    assert latency["put"].count == 12 // every
+    assert latency["get"].count == 24 // every  # get and get_into share a countdown
+    assert pool.stats().hits == 24  # a timed call is counted once
+
+
 def test_sampling_off_times_nothing(
     make_pool: Callable[..., kvcache.Pool], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,8 +27,8 @@ memoryview word costs ~0.1 us to add to, ~1.5% of a 4 KiB get) and latency. Late
 is sampled: one call in ``DEFAULT_SAMPLE_EVERY`` of each op is timed, and each
 sample is added at once with the bytes the process kept back meanwhile, in one lock
 hold (and at ``Pool.stats``, ``Pool.metrics`` and close). So another process sees a
-process's bytes at most 63 of its gets or puts late. Timing every op cost up to 22%
-of a 4 KiB get_into on the 2-core VM (``benchmarks/bench_metrics.py``, README).
+process's bytes at most 127 of its gets or puts late. Timing every op costs ~30% of
+a 4 KiB get's throughput on the 2-core VM (``benchmarks/bench_metrics.py``, README).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ assert METRICS_DTYPE.itemsize <= METRICS_BYTES
 M = _WordIndex(METRICS_DTYPE)
 """Word index of each field of the region: ``metrics_q[M.bytes_in]``."""
 SAMPLE_ENV = "KVCACHE_LATENCY_SAMPLE"
-DEFAULT_SAMPLE_EVERY = 64
+DEFAULT_SAMPLE_EVERY = 128
 _NEVER = 1 << 62
 
 

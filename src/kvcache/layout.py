@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -246,16 +247,18 @@ class _WordIndex:
     """The 8-byte word index of every field of a structured dtype, as attributes.
 
     Attributes live in the instance dict, so a lookup on the hot path is a plain
-    attribute read; ``__getattr__`` only serves unknown names (and tells mypy
-    that every name is an ``int``).
+    attribute read. ``__getattr__`` exists for type checkers only (every name is an
+    ``int``): at run time it would stop CPython from specialising ``E.field``, which
+    then costs ~25 ns instead of ~3 ns, many times in every get and put.
     """
 
     def __init__(self, dtype: np.dtype) -> None:
         for name, (_, offset) in dtype.fields.items():  # type: ignore[union-attr, misc]
             setattr(self, name, offset // 8)
 
-    def __getattr__(self, name: str) -> int:
-        raise AttributeError(f"no field named {name!r}")
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> int: ...
 
 
 H = _WordIndex(HEADER_DTYPE)

@@ -94,6 +94,7 @@ ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 ENTRY_SORTS = (*ENTRY_ORDERS, "policy")
 
 Copied = TypeVar("Copied")
+Timed = TypeVar("Timed")
 History = tuple[int, int, float]
 """An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
 
@@ -207,19 +208,28 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             raise
         _open_pools.add(self)
 
-    def _start_timing(self, op: int) -> int:
-        """The start of a sampled ``get`` or ``put``: the inline countdown ran out."""
+    def _timed(self, op: int, call: Callable[..., Timed], *args: object, **kw: object) -> Timed:
+        """``call(*args, **kw)`` timed: the sampled ``get`` or ``put`` (its countdown ran out).
+
+        The countdown restarts one higher, since ``call`` counts itself down again; the
+        untimed calls pay one attribute test for sampling, not a start time to carry.
+        """
         if op == PUT:
-            self._puts_left = self._latency.every
+            self._puts_left = self._latency.every + 1
         else:
-            self._gets_left = self._latency.every
-        return time.perf_counter_ns()
+            self._gets_left = self._latency.every + 1
+        started = time.perf_counter_ns()
+        result = call(*args, **kw)
+        self._latency.stop(op, started)
+        return result
 
     def _add_sample(self, op: int, ns: int) -> None:
-        # closed or destroyed meanwhile: the call itself succeeded, and its sample goes
-        with contextlib.suppress(KVCacheError), self._lock:
-            self._metrics.add(self._bytes_in, self._bytes_out, op, ns)
-            self._bytes_in = self._bytes_out = 0
+        try:  # not contextlib.suppress: a third of the cost of the lock hold itself
+            with self._lock:
+                self._metrics.add(self._bytes_in, self._bytes_out, op, ns)
+                self._bytes_in = self._bytes_out = 0
+        except KVCacheError:
+            pass  # closed or destroyed meanwhile: the call itself succeeded, its sample goes
 
     def _add_kept_back(self) -> None:
         """Add this process's kept-back value bytes to the region; call under the lock."""
@@ -282,7 +292,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         """
         # get and put count down here, not in Latency.start: a call is half the cost
         self._puts_left -= 1
-        started = 0 if self._puts_left else self._start_timing(PUT)
+        if not self._puts_left:
+            return self._timed(PUT, self.put, key, value, priority=priority, ttl=ttl, parent=parent)
         key_bytes, flags = encode_key(key)
         encoded = codec.encode(value, self._num_pages * self._page_size - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
@@ -333,8 +344,6 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 checksum,
             )
             self._remote_after_put(stored, pieces)
-        if started:
-            self._latency.stop(PUT, started)
 
     def _refuse_too_large(self, num_bytes: int) -> None:
         if num_bytes > self._num_pages * self._page_size:
@@ -372,14 +381,13 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def get(self, key: Key, default: object = None) -> object:
         """A copy of the value under ``key`` (``bytes`` or a numpy array); ``default`` on a miss."""
         self._gets_left -= 1
-        started = 0 if self._gets_left else self._start_timing(GET)
+        if not self._gets_left:
+            return self._timed(GET, self.get, key, default)
         value = self._read(key, transfer.materialise)
         if value is None and self._below is not None:
             value = self._read_below(key, transfer.materialise)
         if value is None and self._remote is not None:
             value = self._read_remote(key, transfer.materialise)
-        if started:
-            self._latency.stop(GET, started)
         return default if value is None else value
 
     def get_into(self, key: Key, buffer: object) -> int | None:
@@ -410,14 +418,13 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             return length
 
         self._gets_left -= 1
-        started = 0 if self._gets_left else self._start_timing(GET)
+        if not self._gets_left:
+            return self._timed(GET, self.get_into, key, buffer)
         length = self._read(key, copy)
         if length is None and self._below is not None:
             length = self._read_below(key, copy)
         if length is None and self._remote is not None:
             length = self._read_remote(key, copy)
-        if started:
-            self._latency.stop(GET, started)
         return length
 
     def __getitem__(self, key: Key) -> Value:
@@ -741,12 +748,13 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             key_bytes, _ = encode_key(key)
             if self._on_disk:
                 self._segment.shed()
-            for attempt in range(READ_ATTEMPTS):
+            for _ in range(READ_ATTEMPTS):
                 with self._lock:
-                    eid = self._lookup(key_bytes, count=count and attempt == 0)
+                    eid = self._lookup(key_bytes, count=count)
                     if eid < 0:
                         return None
                     value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
+                    self._bytes_out += value_len if count else 0
                     inline = value_len <= INLINE_COPY_MAX_BYTES
                     header, payload, generation = self._value_views(eid, from_file=not inline)
                     checked = self._summed(eid, payload=False) if self.verify_reads else None
@@ -774,6 +782,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                             return copied
                         self._drop_damaged(eid)
                         return None
+                count = False  # the read is counted once, however often it is tried
             return None
         except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
             raise_as_damage(self.name, exc)
@@ -921,7 +930,6 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         clock = h[H.clock] + 1
         h[H.clock] = clock
         q, d = self._eq, self._ed
-        self._bytes_out += q[base + E.value_len]
         if self._sketch is None:
             idle = clock - q[base + E.last_access]
             d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
@@ -1232,7 +1240,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         key_bytes, _ = encode_key(key)
         with self._lock:
             eid = self._lookup(key_bytes, count=True)
-            return None if eid < 0 else EntryRef(eid, self._eq[eid * ENTRY_WORDS + E.generation])
+            if eid < 0:
+                return None
+            base = eid * ENTRY_WORDS
+            self._bytes_out += self._eq[base + E.value_len]  # kept back, as a get's
+            return EntryRef(eid, self._eq[base + E.generation])
 
     @reports_damage
     def remove_entry(self, ref: EntryRef) -> bool:
