@@ -159,3 +159,12 @@ def test_markers_chain_as_parents_under_the_prefix_policy(
     states.put(SYSTEM, [b"a"])
     assert len(pool) == 1 + len(SYSTEM) // CHUNK
     assert payload_of(states.get([*SYSTEM[:12], 0, 0])) == b"a"
+
+
+def test_get_and_put_feed_the_models_token_counters(pool: kvcache.Pool, states: StateCache) -> None:
+    states.put(SYSTEM, [b"state"])  # 18 tokens stored
+    assert states.get([*SYSTEM, 1, 2]) is not None  # 20 queried, 18 shared
+    assert states.get([5] * 8) is None  # 8 queried, none hit
+    assert states.get(SYSTEM, count=False) is not None  # a presence check counts nothing
+    counts = pool.metrics().tokens["model-a"]
+    assert (counts.queried, counts.hit, counts.stored) == (28, 18, 18)

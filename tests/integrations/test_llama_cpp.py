@@ -119,6 +119,29 @@ def test_a_state_is_found_by_another_process(
     assert shared >= len(llm.tokenize(SYSTEM.encode())) - 1
 
 
+def test_each_completion_counts_its_prompt_tokens_once(
+    pool: kvcache.Pool, model_path: Path
+) -> None:
+    """Llama reads the cache once per completion: queried grows by the prompt, hit by
+    what the stored state shares with it, stored by the state Llama files."""
+    llm = new_llama(model_path)
+    try:
+        cache = kvllama.PoolCache(pool, llama=llm, chunk_tokens=CHUNK)
+        llm.set_cache(cache)
+        first, second = SYSTEM + "first question", SYSTEM + "second question"
+        greedy(llm, first)
+        counts = pool.metrics().tokens[cache.states.namespace.model]
+        first_tokens = len(llm.tokenize(first.encode()))
+        assert (counts.queried, counts.hit) == (first_tokens, 0)
+        assert counts.stored >= first_tokens  # the prompt and all but the last token generated
+        greedy(llm, second)
+        counts = pool.metrics().tokens[cache.states.namespace.model]
+        assert counts.queried == first_tokens + len(llm.tokenize(second.encode()))
+        assert counts.hit >= len(llm.tokenize(SYSTEM.encode())) - 1
+    finally:
+        llm.close()
+
+
 def run_in_another_process(pool_name: str, model_path: Path, prompt: str) -> None:
     code = f"""
 import kvcache, llama_cpp

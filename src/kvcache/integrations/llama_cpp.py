@@ -191,12 +191,12 @@ class PoolCache(BaseLlamaCache):
 
     def _find_longest_prefix_key(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
         """The tokens of the stored state ``self[key]`` would return (BaseLlamaCache's hook)."""
-        hit = self.states.get(key)
+        hit = self.states.get(key, count=False)
         return None if hit is None else tuple(hit.tokens.tolist())
 
     def __contains__(self, key: Sequence[int]) -> bool:  # type: ignore[override]
         """Whether ``self[key]`` finds a state (it reads and checks it)."""
-        hit = self.states.get(key)
+        hit = self.states.get(key, count=False)
         return hit is not None and decode(hit) is not None
 
     def __setitem__(self, key: Sequence[int], value: LlamaState) -> None:

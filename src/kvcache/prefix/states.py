@@ -51,6 +51,7 @@ import numpy as np
 import xxhash
 
 from ..codec import byte_view
+from ..counters import RETRIEVE
 from ..errors import InvalidArgument
 from ..pool import Pool
 from .keys import Namespace, as_tokens, chunk_links, link_keys, state_key, state_tail
@@ -146,6 +147,7 @@ class StateCache:
         head = self._head(key, len(tokens), payload_bytes)
         buffer[:HEAD_BYTES] = np.frombuffer(head + _u64(checksum(body, head)), np.uint8)
         self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl)  # type: ignore[arg-type]
+        self.pool.count_tokens(self.namespace.model, stored=len(tokens))
         parent = None
         for index, marker_key in enumerate(link_keys(self.namespace, links)):
             marker = MARKER.pack(MARKER_MAGIC, VERSION, index, len(tokens), tail)
@@ -154,14 +156,30 @@ class StateCache:
             parent = marker_key  # for the ``prefix`` policy: a marker goes with the ones before
         return key
 
-    def get(self, token_ids: object) -> StateHit | None:
+    def get(self, token_ids: object, *, count: bool = True) -> StateHit | None:
         """The stored state sharing the longest leading run of tokens with ``token_ids``.
 
         First the state of exactly these tokens, then, from the longest, each
         full chunk's marker; the first record that checks out is the answer.
         Returns None on a miss (nothing stored, evicted, or damaged).
+
+        ``count``: add ``len(token_ids)`` to the model's tokens queried and the
+        tokens shared with the state found to its tokens hit, and time the call
+        as a ``retrieve`` (as ``PrefixCache.retrieve`` does); presence checks
+        pass False, so that a request is counted once.
         """
+        started = self.pool.latency.start(RETRIEVE) if count else 0
         tokens = as_tokens(token_ids)
+        hit = self._longest(tokens)
+        if count and len(tokens):
+            shared = 0 if hit is None else hit.num_shared
+            self.pool.count_tokens(self.namespace.model, queried=len(tokens), hit=shared)
+        if started:
+            self.pool.latency.stop(RETRIEVE, started)
+        return hit
+
+    def _longest(self, tokens: np.ndarray) -> StateHit | None:
+        """``get``'s search, counting nothing."""
         links = chunk_links(self.namespace, tokens)
         exact_key = state_key(
             self.namespace, len(tokens), state_tail(self.namespace, tokens, links)
