@@ -192,6 +192,9 @@ def _header(ndim: int, dtype: bytes, shape: tuple[int, ...]) -> bytes:
         (_header(1, b"nope", (1,)), 8),
         (_header(1, b"\xff\xfe", (1,)), 8),
         (_header(1, b"<i4,<i4", (1,)), 8),
+        (_header(1, b"a8", (1,)), 8),  # numpy's deprecated bytes alias: only warned of
+        (_header(1, b"f8", (1,)), 8),  # numpy reads it, but dtype.str never writes it
+        (_header(1, b" <f8", (1,)), 8),
         (_header(2, b"<f8", (1,)), 8),  # shape shorter than ndim
         (_header(1, b"<f8", (1, 1)), 8),  # trailing bytes
         (_header(1, b"<f8", ()), 8),

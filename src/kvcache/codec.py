@@ -16,6 +16,7 @@ checked against the payload length before anything is allocated.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from typing import NamedTuple
 
@@ -25,6 +26,9 @@ from .errors import DamagedValueError, InvalidArgument, ValueTooLargeError
 from .units import format_size
 
 _ARRAY_KINDS = "biufc"
+# What ``dtype.str`` writes for those kinds ("<f4", "|b1"): numpy is never handed
+# any other string read from a segment to parse.
+_DTYPE_STR = re.compile(r"[<>|][biufc][0-9]{1,2}")
 _PREFIX = struct.Struct("<BB")
 MAX_NDIM = 32
 
@@ -104,10 +108,12 @@ def new_array(header: bytes, payload_bytes: int) -> np.ndarray:
     """
     try:
         ndim, dtype_len = _PREFIX.unpack_from(header)
-        dtype = np.dtype(header[2 : 2 + dtype_len].decode("ascii"))
+        dtype_str = header[2 : 2 + dtype_len].decode("ascii")
+        if not _DTYPE_STR.fullmatch(dtype_str):
+            raise ValueError(f"not a numeric dtype: {dtype_str!r}")
+        dtype = np.dtype(dtype_str)
         shape = struct.unpack_from(f"<{ndim}q", header, 2 + dtype_len)
-    except (struct.error, UnicodeDecodeError, TypeError, ValueError, SyntaxError) as exc:
-        # SyntaxError: numpy parses dtype strings such as "," with the ast module
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
         raise DamagedValueError(f"stored array header is damaged ({exc})") from exc
     if (
         dtype.kind not in _ARRAY_KINDS
