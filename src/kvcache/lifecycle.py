@@ -238,6 +238,7 @@ def open(
     trust_owner: str | int | None = None,
     trust_group: bool = False,
     chain: bool = True,
+    observe: bool = False,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
 ) -> Pool:
@@ -255,6 +256,10 @@ def open(
         chain: also open the pools below it and connect to its remote tier; False
             opens the pool alone (its reads and writes stay in it), for reading its
             counters without a connection per look (``kvcache.metrics``).
+        observe: open it (and its chain) to look, not to work: the handle takes
+            no process slot, so it is not counted as attached and never makes a
+            ``destroy`` refuse; it may read but not store, and changes nothing
+            when it opens or closes (``cortex cache status``, the exporter).
         clock, rng: injectable time and randomness (tests).
 
     Raises:
@@ -263,9 +268,10 @@ def open(
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
     trust = owners.Trust.build(trust_owner, trust_group)
-    pool = _open_unchained(name, _Handles(trust, verify_reads, clock, rng))
+    how = _Handles(trust, verify_reads, clock, rng, observe=observe)
+    pool = _open_unchained(name, how)
     if chain:
-        _follow_chain_of_top(pool, _Handles(trust, verify_reads, clock, rng))
+        _follow_chain_of_top(pool, how)
     return pool
 
 
@@ -278,6 +284,7 @@ class _Handles:
     clock: Callable[[], float] = time.time
     rng: np.random.Generator | None = None
     remote: RemoteLink | None = None  # the top pool's: the bottom one demotes to it
+    observe: bool = False  # handles that take no process slot (see open)
 
 
 _PLAIN = _Handles(owners.TRUST_SELF)
@@ -434,7 +441,13 @@ def _open_once(name: str, how: _Handles) -> Pool:
     try:
         config, geometry = read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
         return Pool(
-            seg, config, geometry, verify_reads=how.verify_reads, clock=how.clock, rng=how.rng
+            seg,
+            config,
+            geometry,
+            verify_reads=how.verify_reads,
+            observe=how.observe,
+            clock=how.clock,
+            rng=how.rng,
         )
     except BaseException:
         seg.close()

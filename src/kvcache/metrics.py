@@ -79,7 +79,7 @@ _GAUGES: dict[str, str] = {
     "size_bytes": "The pool's capacity for data.",
     "used_bytes": "Bytes of pages held by entries.",
     "entries": "Live entries.",
-    "attached_processes": "Processes with the pool open (the exporter not counted).",
+    "attached_processes": "Processes with the pool open to work in it (the exporter not counted).",
 }
 _TOKENS: dict[str, str] = {
     "query": "Prompt tokens PrefixCache.retrieve was asked for.",
@@ -130,7 +130,7 @@ class PoolCollector(Collector):
         )
 
     def _read(self, name: str) -> _Reading:
-        with lifecycle.open(name, chain=False, **self._open_kwargs) as pool:
+        with lifecycle.open(name, chain=False, observe=True, **self._open_kwargs) as pool:
             return _Reading(pool.stats(), pool.metrics(), pool.remote_counts())
 
 
@@ -187,7 +187,7 @@ def _families(readings: list[_Reading]) -> Iterator[Metric]:
             ("size_bytes", stats.size_bytes),
             ("used_bytes", stats.used_bytes),
             ("entries", stats.num_entries),
-            ("attached_processes", stats.num_attached - 1),  # less the exporter's own
+            ("attached_processes", stats.num_attached),
         ):
             gauges[name].add_metric(labels, value)
         for model, counts in metrics.tokens.items():

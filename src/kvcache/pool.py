@@ -147,10 +147,12 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         geometry: Geometry,
         *,
         verify_reads: bool = False,
+        observe: bool = False,
         clock: Callable[[], float] = time.time,
         rng: np.random.Generator | None = None,
     ) -> None:
         self.name = seg.name
+        self._observing = observe
         self._on_disk = seg.on_disk
         self.verify_reads = verify_reads or seg.on_disk  # see kvcache.durable
         self.config = config
@@ -189,24 +191,33 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._bytes_in = self._bytes_out = 0
         # The slot's lease is held through the lock's own description (see procs).
         self._procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
+        self._slot, self._serial = -1, 0  # an observer holds none (see kvcache.open)
         try:
-            self._slot, self._serial = self._procs.claim(self._lock.fd)
-            with self._lock:
-                if seg.on_disk:
-                    durable.on_open(
-                        seg,
-                        self._hq,
-                        self._procs,
-                        self._slot,
-                        self._lock.fd,
-                        geometry,
-                        self._repair_after_crash,
-                    )
-                self._reclaim_dead_writers()
+            if observe:
+                with self._lock:  # a file retired meanwhile raises here: open looks again
+                    pass
+            else:
+                self._attach(geometry)
         except BaseException:
             self._lock.close()
             raise
         _open_pools.add(self)
+
+    def _attach(self, geometry: Geometry) -> None:
+        """Claim a process slot and, under the lock, check the pool as a new handle must."""
+        self._slot, self._serial = self._procs.claim(self._lock.fd)
+        with self._lock:
+            if self._on_disk:
+                durable.on_open(
+                    self._segment,
+                    self._hq,
+                    self._procs,
+                    self._slot,
+                    self._lock.fd,
+                    geometry,
+                    self._repair_after_crash,
+                )
+            self._reclaim_dead_writers()
 
     def _timed(self, op: int, call: Callable[..., Timed], *args: object, **kw: object) -> Timed:
         """``call(*args, **kw)`` timed: the sampled ``get`` or ``put`` (its countdown ran out).
@@ -615,7 +626,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             self._remote.close()  # sends what is queued, for a bounded time
         self._close_access_log()
         try:
-            if self._on_disk:
+            if self._on_disk and not self._observing:
                 self._close_cleanly()
             with self._lock.closing() as lock_fd:
                 if self._bytes_in or self._bytes_out:
@@ -718,6 +729,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         """
         self._lock.reopen_after_fork()
         self._bytes_in = self._bytes_out = 0  # what the parent kept back is the parent's
+        if self._observing:
+            return
         try:
             self._slot, self._serial = self._procs.claim(self._lock.fd)
         except PoolFullError:
@@ -1025,6 +1038,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             parent: a chunk's parent key; a chunk whose parent is not here is
                 declined, as ``_publish`` would decline it.
         """
+        if self._observing:
+            raise InvalidArgument(
+                f"pool '{self.name}' was opened to observe, which may read but not store: "
+                f"kvcache.open('{self.name}') without observe=True to store into it"
+            )
         if self._slot < 0:
             raise PoolFullError(
                 f"this process was forked while all {self.config.max_processes} process slots "

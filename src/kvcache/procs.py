@@ -1,6 +1,7 @@
 """The attached-process table: who has a pool open, judged alive by the kernel.
 
-Every open ``Pool`` holds one slot of the table. It owns the slot by holding
+Every open ``Pool`` holds one slot of the table (an observer, which only
+looks, holds none: see ``kvcache.open``). It owns the slot by holding
 the slot's lease (an OFD lock on the slot's first byte, see ``leases``)
 through a file description of its own, and the kernel drops the lease when
 the process dies, in whatever PID namespace it ran. So a slot's holder is

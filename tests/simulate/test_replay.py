@@ -5,7 +5,10 @@ that leave nothing behind."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -183,22 +186,25 @@ def test_runs_in_processes_give_what_runs_here_give(shared_trace):
     ]
 
 
-def scratch_files() -> set[str]:
-    """Hidden segment files of simulations (``segment`` builds under ``.kvcache.NAME.*``)."""
-    return {f for f in os.listdir("/dev/shm") if f.startswith(".kvcache.simulate.")}
+@pytest.fixture
+def own_shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A pool folder of the test's own, so that pools other test runs make are not seen."""
+    folder = Path(tempfile.mkdtemp(prefix="kvcache-test-", dir="/dev/shm"))
+    monkeypatch.setenv("KVCACHE_SHM_DIR", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_scratch_pools_are_never_listed_and_leave_nothing(shared_trace):
-    pools, before = kvcache.list_pools(), scratch_files()
-    seen: list[tuple[list[str], set[str]]] = []
+def test_scratch_pools_are_never_listed_and_leave_nothing(shared_trace, own_shm_dir):
+    seen: list[tuple[list[str], list[str]]] = []
 
     def progress(done: int, total: int) -> None:
-        seen.append((kvcache.list_pools(), scratch_files()))
+        seen.append((kvcache.list_pools(), os.listdir(own_shm_dir)))
 
     outcomes = execute(shared_trace, runs_for(["lru"], [100]), jobs=1, progress=progress)
     assert outcomes[1].evictions > 0  # the pool was used, and filled
-    assert seen == [(pools, before), (pools, before)]
-    assert kvcache.list_pools() == pools and scratch_files() == before
+    assert seen == [([], []), ([], [])]
+    assert kvcache.list_pools() == [] and os.listdir(own_shm_dir) == []
 
 
 def test_capacities_as_shares_counts_and_sizes(shared_trace):

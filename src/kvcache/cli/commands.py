@@ -8,8 +8,6 @@ the human version through ``Output``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -176,7 +174,7 @@ def _describe_pool(
     owner, as a name): another user's pool is not opened unless trusted.
     """
     try:
-        with kvcache.open(name, **trust) as pool:
+        with kvcache.open(name, observe=True, **trust) as pool:
             stats, tier = pool.stats(), pool.tier
     except KVCacheError as exc:
         path = _recorded_path(name)
@@ -216,15 +214,12 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         return list_pools(args, out)
     if args.watch:
         return watch(args, out)
-    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
+    with kvcache.open(args.name, observe=True, **trust_kwargs(args)) as pool:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
         below = _chain_below(pool)
         remote = _remote_doc(pool)
         logged = pool.access_log
-    # This command's own process is attached while it reads: leave it out.
-    others = tuple(pid for pid in stats.attached if pid != os.getpid())
-    num_elsewhere = stats.num_attached - 1 - len(others)
-    stats = dataclasses.replace(stats, attached=others, num_attached=stats.num_attached - 1)
+    num_elsewhere = stats.num_attached - len(stats.attached)  # in other PID namespaces
     snapshot = files.default_path(args.name)
     snapshot_age = time.time() - snapshot.stat().st_mtime if snapshot.exists() else None
     doc = {
@@ -259,7 +254,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("damaged", stats.damaged),
         ("spills / promotions", f"{stats.spills} / {stats.promotions}"),
         ("spills to", _chain_line(below, remote)),
-        ("attached", _attached(others, num_elsewhere)),
+        ("attached", _attached(stats.attached, num_elsewhere)),
         (
             "access log",
             f"{logged.spec.path} (up to {format_size(logged.spec.max_bytes)})" if logged else "off",
@@ -310,14 +305,8 @@ def _remote_rows(doc: dict[str, Any]) -> list[tuple[str, object]]:
 def _chain_below(pool: kvcache.Pool) -> list[dict[str, Any]]:
     """``status``'s documents of the pools below ``pool``, top first; a cut link says why."""
     tiers = list(pool.chain())
-    # this command's own handle is attached to every pool of the chain: leave it out
     docs: list[dict[str, Any]] = [
-        {
-            **(stats := lower.stats()).to_dict(),
-            "tier": lower.tier,
-            "path": str(lower.path),
-            "num_attached": stats.num_attached - 1,
-        }
+        {**lower.stats().to_dict(), "tier": lower.tier, "path": str(lower.path)}
         for lower in tiers[1:]
     ]
     if tiers[-1].spill_to is not None:  # named, but not open now

@@ -65,7 +65,7 @@ def metrics(args: argparse.Namespace, out: Output) -> dict[str, object]:
 
 
 def stats(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, chain=False, **trust_kwargs(args)) as pool:
+    with kvcache.open(args.name, chain=False, observe=True, **trust_kwargs(args)) as pool:
         counters, measured = pool.stats(), pool.metrics()
         if args.reset:
             pool.reset_stats()
@@ -131,7 +131,7 @@ def watch(args: argparse.Namespace, out: Output) -> dict[str, object]:
     interval_s = parse_duration(args.interval, what="--interval")
     if not interval_s > 0:
         raise InvalidArgument(f"--interval must be more than 0, not {args.interval!r}")
-    with kvcache.open(args.name, chain=False, **trust_kwargs(args)) as pool:
+    with kvcache.open(args.name, chain=False, observe=True, **trust_kwargs(args)) as pool:
         try:
             if not out.interactive:
                 _watch_loop(pool, interval_s, args.count, _piped_line(out))
@@ -164,7 +164,7 @@ def _row(r: Rates) -> tuple[str, ...]:
         f"{r.out_bytes_per_s / 1e6:.2f}",
         f"{r.evictions_per_s:.1f}",
         format_size(r.used_bytes),
-        str(r.num_attached - 1),  # less this command's own process
+        str(r.num_attached),
     )
 
 
