@@ -53,7 +53,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import lifecycle
-from .errors import InvalidArgument, KVCacheError
+from .errors import InvalidArgument, KVCacheError, PoolDestroyedError, PoolNotFoundError
 from .reports import Histogram, PoolMetrics, PoolStats
 
 DEFAULT_HOST = "127.0.0.1"
@@ -120,8 +120,10 @@ class PoolCollector(Collector):
         for name in self._names():
             try:
                 readings.append(self._read(name))
+            except (PoolNotFoundError, PoolDestroyedError):
+                pass  # destroyed since it was listed: gone, not unreadable (no alert flaps)
             except KVCacheError:
-                unreadable += 1  # destroyed since listed, another user's, or damaged
+                unreadable += 1  # another user's, damaged, or of another format
         yield from _families(readings)
         yield GaugeMetricFamily(
             "kvcache_unreadable_pools",
