@@ -59,6 +59,21 @@ def test_an_observer_writes_nothing_to_the_file(
     assert _digest(path) != before  # a worker's open does write: the check can fail
 
 
+@pytest.mark.parametrize(
+    "command",
+    ["status {name}", "status", "list", "stats {name}", "entries {name}", "metrics"],
+)
+def test_commands_that_look_write_nothing(
+    make_pool: Callable[..., kvcache.Pool], command: str
+) -> None:
+    with make_pool("1M") as pool:
+        pool.put("k", b"v" * 5000)
+    before = _digest(pool.path)
+    result = cortex(*command.format(name=pool.name).split())
+    assert result.returncode == 0 and result.stdout, result.stderr
+    assert _digest(pool.path) == before
+
+
 def test_an_observer_may_read_but_not_store(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool("1M")
     pool.put("k", b"value")

@@ -340,7 +340,7 @@ def _tier_row(depth: int, doc: dict[str, Any]) -> tuple[object, ...]:
 
 
 def entries(args: argparse.Namespace, out: Output) -> dict[str, object]:
-    with kvcache.open(args.name, **trust_kwargs(args)) as pool:
+    with kvcache.open(args.name, observe=True, **trust_kwargs(args)) as pool:
         listed = pool.entries(sort=args.sort, limit=args.limit or None)
         total = pool.stats().num_entries  # this pool's own (len() counts the whole chain)
     now = time.time()
