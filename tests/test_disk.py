@@ -526,6 +526,23 @@ def test_a_truncated_pool_file_is_reported_as_damage_not_a_short_value(disk, nam
             pool.get_into("big", bytearray(1_000_000))
 
 
+def _drop_data_pages(pool: kvcache.Pool) -> None:
+    """Flush ``pool`` and drop its data pages from the page cache (unmapped ones)."""
+    pool.flush()
+    fd = os.open(pool.path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, pool._data_offset, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _bytes_read_by(action) -> int:
+    """Bytes this process asked its disks for while ``action()`` ran."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_inblock
+    action()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_inblock - before) * 512
+
+
 @pytest.mark.parametrize("size", [4096, 1 << 20])
 def test_a_cold_get_reads_the_file_and_faults_in_nothing(disk, names, size):
     """Regression: a lookup compared the key through the mapping, so on a cold page it
@@ -536,8 +553,7 @@ def test_a_cold_get_reads_the_file_and_faults_in_nothing(disk, names, size):
     with kvcache.create(name, "16M", tier="disk", path=disk) as pool:
         pool.put("k", value)
     with kvcache.open(name) as pool:
-        pool.flush()  # clean pages, so that the kernel may drop them
-        os.posix_fadvise(pool._segment.fd, pool._data_offset, 0, os.POSIX_FADV_DONTNEED)
+        _drop_data_pages(pool)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         assert pool.get("k") == value
         assert resource.getrusage(resource.RUSAGE_SELF).ru_majflt == faults
@@ -554,21 +570,35 @@ def test_a_cold_promotion_from_a_disk_pool_reads_only_the_entry(disk, names):
         top.put("k", value)
         for i in range(4):
             top.put(f"filler{i}", b"f" * (1 << 20))  # "k" spills down
-    with kvcache.open(lower) as bottom:
+    with kvcache.open(upper) as top, kvcache.open(lower) as bottom:
         assert "k" in {entry.key for entry in bottom.entries()}
-        path, data_offset = bottom.path, bottom._data_offset
-    with kvcache.open(upper) as top:
         top.evict(percent=100)  # room for "k": its promotion spills nothing down
-        kvcache.open(lower).flush()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, data_offset, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        assert top.get("k") == value
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        assert top.stats().promotions == 1
-        assert after.ru_majflt == before.ru_majflt
-        # the entry's 17 pages (the key shares the first), not twice that read around them
-        assert (after.ru_inblock - before.ru_inblock) * 512 <= 17 * 64 << 10
+        _drop_data_pages(bottom)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        got: list[bytes] = []
+        read = _bytes_read_by(lambda: got.append(top.get("k")))
+        assert got == [value] and top.stats().promotions == 1
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_majflt == faults
+        assert read <= 17 * 64 << 10  # its 17 pages (the key shares the first), not 2 MiB
+
+
+@pytest.mark.parametrize("through", ["alone", "chain"])
+def test_read_ahead_asks_for_every_entry_at_once(disk, names, through):
+    """``PrefixCache.retrieve`` reads its chunks one by one: asking for all of them first
+    keeps the disk busy with every chunk at once, here or in a disk pool below."""
+    rng = np.random.default_rng(6)
+    values = {f"chunk{i}": rng.bytes(1 << 20) for i in range(4)}
+    name = _name(names)
+    with kvcache.create(name, "16M", tier="disk", path=disk) as pool:
+        for key, value in values.items():
+            pool.put(key, value)
+    top = kvcache.create(_name(names), "4M", spill_to=name) if through == "chain" else None
+    with kvcache.open(name) as pool:
+        _drop_data_pages(pool)
+        reader = top or pool
+        asked = _bytes_read_by(lambda: reader.read_ahead([*values, "missing"]))
+        assert 4 << 20 <= asked <= 4 * 17 * 64 << 10  # the four entries' pages, nothing more
+        assert _bytes_read_by(lambda: [reader.get(key) for key in values]) == 0
+        assert all(reader.get(key) == value for key, value in values.items())
+    if top is not None:
+        top.close()

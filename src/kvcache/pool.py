@@ -996,9 +996,14 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
 
     def _read_ahead(self, eid: int) -> None:
         """Start reading a disk pool entry's pages in, in one go (see ``Segment.will_need``)."""
+        for offset, length in self._file_spans(eid):
+            self._segment.will_need(offset, length)
+
+    def _file_spans(self, eid: int) -> list[tuple[int, int]]:
+        """(offset, length) in the pool's file of each run of entry ``eid``'s pages."""
         q, base, page = self._eq, eid * ENTRY_WORDS, self._page_size
-        for first, count in self._allocator.runs(q[base + E.first_page], q[base + E.num_pages]):
-            self._segment.will_need(self._data_offset + first * page, count * page)
+        runs = self._allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        return [(self._data_offset + first * page, count * page) for first, count in runs]
 
     def _summed(self, eid: int, *, payload: bool = True) -> _Summed:
         """The entry's checksum and what it covers (``payload``: the value's bytes too)."""
@@ -1268,6 +1273,22 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             record = self._views.entries[ref.eid]
             entry = StoredEntry.from_record(bytes(self._key_view(ref.eid)), record, checksum)
             return entry, self._entry_slices(ref.eid)
+
+    @reports_damage
+    def read_ahead(self, keys: Sequence[Key]) -> None:
+        """Ask the disk for the entries of ``keys``, here and in the pools below, all at once,
+        so that reads which follow one by one find them on their way (``PrefixCache.retrieve``
+        before it reads its chunks). Nothing for pools in RAM; advice only: nothing counted.
+        """
+        if self._on_disk:
+            hashes = [key_hash(encode_key(key)[0]) for key in keys]
+            with self._lock:
+                found = [self._index.find(lo, hi) for lo, hi in hashes]
+                spans = [span for eid in found if eid >= 0 for span in self._file_spans(eid)]
+            for offset, length in spans:  # each asks the disk: outside the lock
+                self._segment.will_need(offset, length)
+        if self._below is not None:
+            self._below.call(lambda lower: lower.read_ahead(keys), None)
 
     @reports_damage
     def locate(self, key: Key) -> EntryRef | None:

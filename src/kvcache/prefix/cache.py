@@ -167,6 +167,7 @@ class PrefixCache:
         heads = [self._head(index) for index in range(len(keys))]
         if self.pool.remote is not None:
             self.pool.prefetch(keys)  # what only the remote has, in one round trip
+        self.pool.read_ahead(keys)  # a disk tier's chunks, all asked for at once
         num_chunks = fetch_chunks(self.pool, keys, heads, self._chunk_bytes, flat)
         num_tokens = num_chunks * self.chunk_tokens
         access_log = self.pool.access_log
