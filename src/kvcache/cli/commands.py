@@ -29,6 +29,7 @@ from ..policies import POLICIES
 from ..reports import PoolStats
 from ..snapshot import files
 from ..units import format_size
+from .llama_server import llama_server
 from .operations import metrics, stats, watch
 from .output import Output
 from .parser import trust_kwargs
@@ -525,6 +526,7 @@ COMMANDS = {
     "simulate": simulate,
     "metrics": metrics,
     "stats": stats,
+    "llama-server": llama_server,
 }
 
 

@@ -396,7 +396,38 @@ def build(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--plot", metavar="FILE.png", help="draw hit ratio against capacity")
     _json(p)
+    _llama_server(sub, e)
     return root
+
+
+def _llama_server(sub: argparse._SubParsersAction, e: str) -> None:
+    """``llama-server``: the proxy (``kvcache.integrations.llama_server``, docs/llama-server.md)."""
+    p = _command(
+        sub,
+        "llama-server",
+        "run llama-server behind a proxy that keeps its prompts warm in a pool",
+        f"{e} llama-server --pool llama-cache --listen 127.0.0.1:8081 -- -m model.gguf -c 8192",
+    )
+    p.add_argument("--pool", required=True, help="the pool slot states are kept in")
+    p.add_argument("--listen", default="127.0.0.1:8081", help="HOST:PORT clients use")
+    p.add_argument("--upstream", help="front a running llama-server at this URL instead")
+    p.add_argument("--slot-dir", help="with --upstream: its --slot-save-path (mode 700, yours)")
+    p.add_argument("--server-bin", help="the llama-server to start (default: beside Python)")
+    p.add_argument("--model", help="the GGUF file, if /props' model_path is not readable here")
+    p.add_argument(
+        "--chunk-tokens", type=_positive_number, default=256, help="tokens per key (default 256)"
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=_whole_number,
+        default=64,
+        help="requests that may wait for a slot; more run uncached (default 64)",
+    )
+    p.add_argument(
+        "server_args",
+        nargs=argparse.REMAINDER,
+        help="after --: llama-server's options (with --upstream: the ones it runs with)",
+    )
 
 
 def _whole_number(text: str) -> int:
