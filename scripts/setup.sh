@@ -29,3 +29,6 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
      .venv/bin/python -m pip install --quiet --disable-pip-version-check \
        --no-binary llama-cpp-python "${KVCACHE_LLAMA:-llama-cpp-python==0.3.36}" 'gguf>=0.10'
+# llama-server for the llama-server proxy's tests (kvcache.integrations.llama_server), built
+# once into .venv/bin from the same llama.cpp sources (about 7 minutes; see the script).
+[ "${1:-}" != --llama-cpp ] || [ -x .venv/bin/llama-server ] || bash scripts/build-llama-server.sh

@@ -31,8 +31,14 @@ EXTRAS_ONLY = {
     "kvcache.integrations.llama_cpp": "llama-cpp-python",
     "kvcache.integrations.transformers": "torch, transformers",
     "kvcache.metrics": "prometheus_client",
+    "kvcache.cli.llama_server": "rich",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""
+EXTRAS_ONLY.update(
+    (f"kvcache.integrations.llama_server{module}", "aiohttp")
+    for module in ("", ".app", ".exchange", ".forward", ".identity", ".proxy", ".slotfile")
+    + (".slots", ".store", ".supervisor", ".upstream")
+)
 
 
 def test_the_package_marks_itself_typed() -> None:
@@ -113,7 +119,8 @@ import kvcache
 from kvcache import KVLayout, PrefixCache
 
 name, snapshot, extras_only = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-extras = ("redis", "rich", "torch", "transformers", "llama_cpp", "gguf", "prometheus_client")
+extras = ("redis", "rich", "torch", "transformers", "llama_cpp", "gguf", "prometheus_client",
+          "aiohttp")
 failed = {}
 for module in pkgutil.walk_packages(kvcache.__path__, "kvcache."):
     if module.name not in extras_only:
@@ -162,7 +169,7 @@ def test_the_library_works_without_rich_torch_transformers_or_redis(tmp_path: Pa
     name = f"test-{uuid.uuid4().hex[:12]}"
     try:
         result = _without(
-            {"redis", "rich", "torch", "transformers", "prometheus_client"},
+            {"redis", "rich", "torch", "transformers", "prometheus_client", "aiohttp"},
             tmp_path,
             sys.executable,
             "-c",

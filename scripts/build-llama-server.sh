@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build llama-server into .venv/bin (the llama-server proxy's tests and benchmark run it; see
+# docs/llama-server.md). No Debian package or PyPI wheel ships it, so it is compiled from the
+# llama.cpp sources that the llama-cpp-python sdist vendors (the release setup.sh installs,
+# KVCACHE_LLAMA=... as there): the server target alone, statically linked, about 7 minutes on
+# 2 cores. -DLLAMA_USE_PREBUILT_UI=OFF, or the build downloads the web UI; GGML_NATIVE=OFF for
+# a binary that runs on any x86-64 CI machine (KVCACHE_LLAMA_CMAKE_ARGS=... replaces it, as
+# for llama-cpp-python); OpenSSL off: the proxy talks to it over loopback only.
+# Run by setup.sh --llama-cpp when .venv/bin/llama-server is missing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+command -v cmake >/dev/null || .venv/bin/python -m pip install --quiet cmake
+PATH=$PWD/.venv/bin:$PATH
+.venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+  --no-binary :all: -d "$work" "${KVCACHE_LLAMA:-llama-cpp-python==0.3.36}"
+tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+# shellcheck disable=SC2086  # the flags are words
+cmake -S "$work"/llama_cpp_python-*/vendor/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${KVCACHE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF} \
+  > "$work/cmake.log" || { cat "$work/cmake.log" >&2; exit 1; }
+cmake --build "$work/build" --target llama-server -j "$(nproc)" > "$work/build.log" \
+  || { tail -50 "$work/build.log" >&2; exit 1; }
+install -m 755 "$work/build/bin/llama-server" .venv/bin/llama-server.tmp
+mv -f .venv/bin/llama-server.tmp .venv/bin/llama-server
