@@ -34,10 +34,10 @@ EXTRAS_ONLY = {
     "kvcache.cli.llama_server": "rich",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""
+_PROXY_MODULES = "app exchange forward identity proxy slotfile slots store supervisor upstream"
 EXTRAS_ONLY.update(
     (f"kvcache.integrations.llama_server{module}", "aiohttp")
-    for module in ("", ".app", ".exchange", ".forward", ".identity", ".proxy", ".slotfile")
-    + (".slots", ".store", ".supervisor", ".upstream")
+    for module in ["", *(f".{name}" for name in _PROXY_MODULES.split())]
 )
 
 
