@@ -22,6 +22,7 @@ UNITS = REPO / "contrib" / "systemd"
 INSTALL = UNITS / "install.sh"
 CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
 UNIT_FILES = ("kvcache@.service", "kvcache-persist@.service", "kvcache-persist@.timer")
+UNIT_FILES += ("kvcache-llama-server@.service",)
 
 
 @pytest.fixture

@@ -25,13 +25,15 @@ if [ ! -x "$cortex" ]; then
 fi
 units=$root/etc/systemd/system
 mkdir -p "$units" "$root/etc/kvcache"
-for unit in kvcache@.service kvcache-persist@.service kvcache-persist@.timer; do
+for unit in kvcache@.service kvcache-persist@.service kvcache-persist@.timer \
+        kvcache-llama-server@.service; do
     sed "s|@CORTEX@|$cortex|g" "$here/$unit" > "$units/$unit.tmp"
     chmod 644 "$units/$unit.tmp"
     mv "$units/$unit.tmp" "$units/$unit"
 done
 cp "$here/example.conf" "$root/etc/kvcache/example.conf"
-echo "installed kvcache@.service, kvcache-persist@.service and .timer in $units (running $cortex)"
+cp "$here/llama-server-example.conf" "$root/etc/kvcache/llama-server-example.conf"
+echo "installed kvcache@.service, kvcache-persist@.service and .timer, kvcache-llama-server@.service in $units (running $cortex)"
 if [ -z "$root" ] && command -v systemctl >/dev/null 2>&1; then
     systemctl daemon-reload || true
 fi
