@@ -81,8 +81,9 @@ class SlotExchange:
         """Put the stored state sharing the longest prefix with ``tokens`` into ``slot``.
 
         Only a state that shares more tokens with the request than ``held`` (what
-        the slot holds already) is restored. Returns None when nothing was; a
-        refused restore also erases the slot, which the server may have half-loaded.
+        the slot holds already) is restored. Returns None when nothing was tried;
+        a refused restore also erases the slot, which the server may have
+        half-loaded, and returns it empty.
         """
         hit = await asyncio.to_thread(self.store.get, tokens)
         if hit is None or hit.num_shared <= shared_prefix(held, tokens):
@@ -98,10 +99,10 @@ class SlotExchange:
         except (UpstreamError, OSError) as exc:
             self.problems.note("restore_refused", exc)
             await self._erase(slot)
-            return None
+            return Restored(np.zeros(0, np.int64), 0)
         finally:
             _remove(self.slot_dir / name)
-        return Restored(hit.tokens, hit.num_shared)
+        return Restored(hit.tokens.copy(), hit.num_shared)  # not a view holding the whole value
 
     async def save(self, slot: int) -> np.ndarray | None:
         """Store what ``slot`` holds in the pool; the tokens it holds, or None if unknown."""

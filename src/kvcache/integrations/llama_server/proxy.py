@@ -94,8 +94,8 @@ class Proxy:
             if tokens is not None and self.exchange is not None:
                 put = await self.exchange.restore(slot, tokens, held)
                 if put is not None:
-                    held, restored = put.tokens, True
-                    self.counts["restored"] += 1
+                    held, restored = put.tokens, put.num_shared > 0
+                    self.counts["restored"] += restored
             pinned = {**doc, "id_slot": slot}
             if tokens is not None:
                 pinned["cache_prompt"] = True
