@@ -16,7 +16,8 @@ remote tier's counters, ``remote``):
 ``kvcache_read_bytes_total``                          value bytes of hits (remote: received)
 ``kvcache_evictions_total{reason}``                   capacity, expiry, explicit
 ``kvcache_spills_total`` / ``kvcache_promotions_total``  moves down / up the chain
-``kvcache_errors_total``                              refused puts (remote: failed calls)
+``kvcache_errors_total``                              refused puts (remote: failed calls),
+                                                      integrations' failed restores/saves
 ``kvcache_damaged_entries_total``                     entries dropped for a bad checksum
 ``kvcache_repairs_total``                             repairs after a crash or ``--repair``
 ``kvcache_dropped_writes_total``                      remote writes dropped (queue, down)
@@ -68,7 +69,8 @@ _COUNTERS: dict[str, str] = {
     "read_bytes": "Value bytes of hits (the remote tier: bytes received from it).",
     "spills": "Entries evictions moved to the pool below.",
     "promotions": "Entries a hit below moved up into this pool.",
-    "errors": "Puts refused for lack of room or memory (the remote tier: failed calls).",
+    "errors": "Puts refused for lack of room or memory (the remote tier: failed calls); "
+    "cache failures an integration served around (e.g. the llama-server proxy's).",
     "damaged_entries": "Entries dropped because their bytes no longer matched their checksum.",
     "repairs": "Repairs of the pool's metadata after a crash or on request.",
     "dropped_writes": "Entries not written to the remote tier (queue full, remote down).",

@@ -563,6 +563,11 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 h[getattr(H, name)] = 0
             self._metrics.reset(self._clock())
 
+    def count_error(self) -> None:
+        """Count a cache failure an engine integration served around (a slot state the
+        llama-server proxy could not restore or save): ``errors``, as refused puts are."""
+        self._count_error()
+
     def _count_error(self) -> None:
         # closed, destroyed or damaged meanwhile: the caller's own error says more
         with contextlib.suppress(KVCacheError), self._lock:

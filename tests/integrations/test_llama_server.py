@@ -26,7 +26,8 @@ pytest.importorskip(
 
 import kvcache
 from kvcache.integrations.gguf_model import ModelShape, write_model
-from kvcache.integrations.llama_server import slotfile
+from kvcache.integrations.llama_server import identity, slotfile
+from kvcache.prefix import StateCache
 from kvcache.prefix.states import HEAD_BYTES
 
 from .llama_servers import Proxy, Server, call, complete, server_args
@@ -324,3 +325,40 @@ def test_chat_prompts_are_tokenized_by_the_servers_template(
     assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
     assert warm["timings"]["cache_n"] > 500 and warm["timings"]["prompt_n"] == 1
     assert stats["counts"]["restored"] == 1 and stats["problems"] == {}
+
+
+def test_a_state_the_server_refuses_costs_only_the_cache(
+    models: tuple[Path, Path], pool: kvcache.Pool, tmp_path: Path
+) -> None:
+    args = server_args(models[0])
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir(mode=0o700)
+    plain = Server(args, tmp_path / "plain.log", "--slot-save-path", str(slot_dir))
+    try:
+        want = complete(plain.url, SYSTEM + " question one")["content"]
+        status, _, body = call(plain.url, "/slots/0?action=save", {"filename": "s.bin"})
+        assert status == 200, body
+        props = json.loads(call(plain.url, "/props")[2])
+    finally:
+        plain.stop()
+    saved = (slot_dir / "s.bin").read_bytes()
+    tokens = slotfile.read_tokens(saved)
+    assert tokens is not None and len(tokens) > 600
+    head = 12 + 4 * (len(tokens) + 4)
+    cut = saved[: head + (len(saved) - head) // 2]  # whole tokens, half the KV
+    # filed under the keys the proxy will use for this model and these options
+    namespace = identity.layout(props, identity.server_settings(args))
+    states = StateCache(pool, identity.model_digest(models[0]), namespace, chunk_tokens=64)
+    states.put(tokens, [cut])
+    errors_before = pool.stats().errors
+    proxy = Proxy(pool.name, args, tmp_path / "proxy.log", "--chunk-tokens", CHUNK)
+    try:
+        answer = complete(proxy.url, SYSTEM + " question one")
+        stats = proxy.wait_saved(1)
+    finally:
+        proxy.stop()
+    assert answer["content"] == want and answer["timings"]["cache_n"] == 0
+    assert stats["problems"] == {"restore_refused": 1}
+    assert stats["counts"].get("restored", 0) == 0 and stats["counts"]["saved"] == 1
+    assert pool.stats().errors == errors_before + 1
+    assert "refused a stored state" in (tmp_path / "proxy.log").read_text()

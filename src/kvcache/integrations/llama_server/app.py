@@ -134,6 +134,7 @@ class _Service:
         store = StateStore(
             config.pool, model, layout, chunk_tokens=config.chunk_tokens, problems=self.problems
         )
+        self.problems.pool_sink = store.count_error
         log.info("model %s, %d settings in the keys", model, len(layout.settings))
         return SlotExchange(store, self.upstream, self.slot_dir, self.problems)
 

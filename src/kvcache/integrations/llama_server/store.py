@@ -42,15 +42,26 @@ PROBLEMS = {
 """Every kind of problem the proxy counts, with what it means for requests."""
 
 
+_POOL_OWN = frozenset({"pool_unavailable", "pool_error", "pool_full"})
+"""Problems not added to the pool's ``errors``: it has none, it failed, or it counted them."""
+
+
 class Problems:
-    """Counts of cache problems by kind; the first of each kind is logged as a warning."""
+    """Counts of cache problems by kind; the first of each kind is logged as a warning.
+
+    Problems of the proxy's own (a refused restore, a failed save) are also added
+    to the pool's ``errors`` counter (``kvcache_errors_total``), through ``pool_sink``.
+    """
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.pool_sink: Callable[[], None] | None = None
 
     def note(self, kind: str, detail: object) -> None:
         """Count a problem of ``kind`` (one of :data:`PROBLEMS`), logging the first."""
         self.counts[kind] += 1
+        if self.pool_sink is not None and kind not in _POOL_OWN:
+            self.pool_sink()
         level = logging.WARNING if self.counts[kind] == 1 else logging.DEBUG
         log.log(level, "%s (%s); further ones are counted, not logged", PROBLEMS[kind], detail)
 
@@ -111,6 +122,14 @@ class StateStore:
                 self._failed(exc)
             return False
         return True
+
+    def count_error(self) -> None:
+        """Add one to the pool's ``errors`` counter, if the pool is open."""
+        if self._states is not None:
+            try:
+                self._states.pool.count_error()
+            except Exception as exc:
+                log.debug("counting an error in pool %r: %s", self.pool_name, exc)
 
     def close(self) -> None:
         """Close the pool if it is open."""
