@@ -38,9 +38,9 @@ def server_binary() -> str:
     return found
 
 
-def server_args(model: Path, *extra: str) -> list[str]:
+def server_args(model: Path, context: int = 2048, slots: int = 1) -> list[str]:
     """Options for a small, quick, deterministic server on ``model``."""
-    return ["-m", str(model), "-c", "2048", "-np", "1", "-t", "1", "--no-webui", *extra]
+    return ["-m", str(model), "-c", str(context), "-np", str(slots), "-t", "1", "--no-webui"]
 
 
 def call(
@@ -58,8 +58,13 @@ def call(
 
 
 def complete(url: str, prompt: str | list[int], **options: Any) -> dict[str, Any]:
-    """A greedy /completion of a few tokens; its JSON answer (asserting HTTP 200)."""
+    """A greedy /completion of a few tokens; its JSON answer (asserting HTTP 200).
+
+    Compare answers by their ``tokens``: the tiny model often generates byte tokens,
+    whose ``content`` is a partial UTF-8 sequence rendered as the server sees fit.
+    """
     doc = {"prompt": prompt, "n_predict": 8, "temperature": 0.0, "seed": 0, **options}
+    doc.setdefault("return_tokens", True)
     status, _, body = call(url, "/completion", doc)
     assert status == 200, body[:300]
     return json.loads(body)  # type: ignore[no-any-return]

@@ -24,13 +24,14 @@ pytest.importorskip(
     "aiohttp", reason="aiohttp is not installed: pip install 'kvcache[llama-server]'"
 )
 
+from llama_servers import Proxy, Server, call, complete, server_args
+
 import kvcache
 from kvcache.integrations.gguf_model import ModelShape, write_model
 from kvcache.integrations.llama_server import identity, slotfile
+from kvcache.integrations.llama_server.identity import server_settings
 from kvcache.prefix import StateCache
 from kvcache.prefix.states import HEAD_BYTES
-
-from .llama_servers import Proxy, Server, call, complete, server_args
 
 CHUNK = "64"
 WORDS = [
@@ -78,14 +79,14 @@ def test_a_restarted_server_finds_the_prompt_warm(
     args = server_args(models[0])
     fresh = Server(args, tmp_path / "fresh.log")
     try:
-        want = complete(fresh.url, SYSTEM + " question one")["content"]
-        want_two = complete(fresh.url, SYSTEM + " question two")["content"]
+        want = complete(fresh.url, SYSTEM + " question one")["tokens"]
+        want_two = complete(fresh.url, SYSTEM + " question two")["tokens"]
     finally:
         fresh.stop()
     first = Proxy(pool.name, args, tmp_path / "first.log", "--chunk-tokens", CHUNK)
     try:
         cold = complete(first.url, SYSTEM + " question one")
-        assert cold["content"] == want and cold["timings"]["cache_n"] == 0
+        assert cold["tokens"] == want and cold["timings"]["cache_n"] == 0
         assert first.wait_saved(1)["counts"]["saved"] == 1
     finally:
         assert first.stop() == 0
@@ -93,10 +94,10 @@ def test_a_restarted_server_finds_the_prompt_warm(
     try:
         warm = complete(second.url, SYSTEM + " question one")
         total = warm["timings"]["cache_n"] + warm["timings"]["prompt_n"]
-        assert warm["content"] == want
+        assert warm["tokens"] == want
         assert warm["timings"]["cache_n"] == total - 1  # all but the last token, from the pool
         other = complete(second.url, SYSTEM + " question two")  # the slot holds it now
-        assert other["content"] == want_two and other["timings"]["cache_n"] >= total - 4
+        assert other["tokens"] == want_two and other["timings"]["cache_n"] >= total - 4
         stats = second.wait_saved(2)
     finally:
         second.stop()
@@ -115,7 +116,7 @@ def test_two_servers_share_a_pool(
         one.wait_saved(1)
         warm = complete(two.url, SYSTEM + " question one")
         partial = complete(two.url, SYSTEM + " a question of another kind", cache_prompt=True)
-        assert warm["content"] == cold["content"]
+        assert warm["tokens"] == cold["tokens"]
         assert cold["timings"]["cache_n"] == 0
         assert warm["timings"]["prompt_n"] == 1  # all but the last token, from the pool
         assert partial["timings"]["cache_n"] >= 590  # the shared system prompt
@@ -128,11 +129,19 @@ def test_two_servers_share_a_pool(
 def test_several_slots_serve_concurrent_clients(
     models: tuple[Path, Path], pool: kvcache.Pool, tmp_path: Path
 ) -> None:
-    args = server_args(models[0], "-np", "3", "-kvu")
-    prompts = [text(seed, 200) + f" question {i}" for seed in (2, 3, 4) for i in (1, 2)]
+    """Six clients at once on three slots, twice: each answer is the one a fresh server
+    gives the same prompt alone.
+
+    Seed 4 is left out of the prompts: its "question 1" has a near tie (log-probabilities
+    -0.764 and -0.773 for its first token), and a plain llama-server picks the other token
+    once it reuses the prefix from its slot's "question 2" (other batches, other last bits
+    of the sums). Seeds 2 to 11 but 4 give the fresh answer in either order.
+    """
+    args = [*server_args(models[0], context=4096, slots=3), "-kvu"]
+    prompts = [text(seed, 200) + f" question {i}" for seed in (2, 3, 5) for i in (1, 2)]
     fresh = Server(server_args(models[0]), tmp_path / "fresh.log")
     try:
-        want = [complete(fresh.url, prompt)["content"] for prompt in prompts]
+        want = [complete(fresh.url, prompt)["tokens"] for prompt in prompts]
     finally:
         fresh.stop()
     proxy = Proxy(pool.name, args, tmp_path / "proxy.log", "--chunk-tokens", CHUNK)
@@ -144,8 +153,8 @@ def test_several_slots_serve_concurrent_clients(
         stats = proxy.wait_saved(2 * len(prompts))
     finally:
         proxy.stop()
-    assert [answer["content"] for answer in first] == want
-    assert [answer["content"] for answer in second] == want
+    assert [answer["tokens"] for answer in first] == want
+    assert [answer["tokens"] for answer in second] == want
     for answer in second:  # each found its prefix: in its slot, or restored from the pool
         assert answer["timings"]["cache_n"] >= 390
     assert stats["problems"] == {}
@@ -164,7 +173,7 @@ def test_a_same_shape_model_never_reuses_anothers_states(
         first.stop()
     fresh = Server(server_args(wrong), tmp_path / "fresh.log")
     try:
-        want = complete(fresh.url, SYSTEM + " question one")["content"]
+        want = complete(fresh.url, SYSTEM + " question one")["tokens"]
     finally:
         fresh.stop()
     proxy = Proxy(pool.name, server_args(wrong), tmp_path / "wrong.log", "--chunk-tokens", CHUNK)
@@ -173,7 +182,7 @@ def test_a_same_shape_model_never_reuses_anothers_states(
         stats = proxy.wait_saved(1)
     finally:
         proxy.stop()
-    assert answer["timings"]["cache_n"] == 0 and answer["content"] == want
+    assert answer["timings"]["cache_n"] == 0 and answer["tokens"] == want
     assert stats["counts"].get("restored", 0) == 0
 
     # The negative control: the right model's state, put into the wrong model's slot by
@@ -196,7 +205,7 @@ def test_a_same_shape_model_never_reuses_anothers_states(
     finally:
         control.stop()
     assert reused["timings"]["cache_n"] > 500
-    assert reused["content"] != want
+    assert reused["tokens"] != want
 
 
 def test_a_server_killed_mid_save_fails_no_request(
@@ -205,19 +214,19 @@ def test_a_server_killed_mid_save_fails_no_request(
     args = server_args(models[0])
     fresh = Server(args, tmp_path / "fresh.log")
     try:
-        want = [complete(fresh.url, SYSTEM + f" question {i}")["content"] for i in range(4)]
+        want = [complete(fresh.url, SYSTEM + f" question {i}")["tokens"] for i in range(4)]
     finally:
         fresh.stop()
     proxy = Proxy(pool.name, args, tmp_path / "proxy.log", "--chunk-tokens", CHUNK)
     try:
         for i, delay_s in enumerate((0.0, 0.002, 0.01)):
             answer = complete(proxy.url, SYSTEM + f" question {i}")
-            assert answer["content"] == want[i]
+            assert answer["tokens"] == want[i]
             pid = proxy.stats()["server_pid"]
             time.sleep(delay_s)
             subprocess.run(["kill", "-KILL", str(pid)], check=True)  # as the save runs, or near
             # the next request waits for the restarted server and is answered right
-            assert complete(proxy.url, SYSTEM + f" question {i + 1}")["content"] == want[i + 1]
+            assert complete(proxy.url, SYSTEM + f" question {i + 1}")["tokens"] == want[i + 1]
             proxy.wait_saved(2 * (i + 1))
         stats = proxy.stats()
     finally:
@@ -275,7 +284,7 @@ def test_a_missing_pool_serves_requests_uncached(
 ) -> None:
     proxy = Proxy(pool_name, server_args(models[0]), tmp_path / "proxy.log")
     try:
-        answers = [complete(proxy.url, SYSTEM)["content"] for _ in range(2)]
+        answers = [complete(proxy.url, SYSTEM)["tokens"] for _ in range(2)]
         stats = proxy.wait_saved(2)
     finally:
         proxy.stop()
@@ -327,38 +336,51 @@ def test_chat_prompts_are_tokenized_by_the_servers_template(
     assert stats["counts"]["restored"] == 1 and stats["problems"] == {}
 
 
-def test_a_state_the_server_refuses_costs_only_the_cache(
-    models: tuple[Path, Path], pool: kvcache.Pool, tmp_path: Path
+@pytest.mark.parametrize(
+    ("made_with", "cut"),
+    [
+        pytest.param(["-ctk", "f32"], False, id="another-kv-type-refused"),
+        pytest.param([], True, id="truncated-aborts-the-server"),
+    ],
+)
+def test_a_state_the_server_cannot_load_costs_only_the_cache(
+    models: tuple[Path, Path],
+    pool: kvcache.Pool,
+    tmp_path: Path,
+    made_with: list[str],
+    cut: bool,
 ) -> None:
+    """A stored state the server refuses (HTTP 400), or that makes it abort (a truncated
+    file trips a GGML_ASSERT in this llama.cpp), filed under the proxy's own keys."""
     args = server_args(models[0])
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir(mode=0o700)
-    plain = Server(args, tmp_path / "plain.log", "--slot-save-path", str(slot_dir))
+    plain = Server(args, tmp_path / "plain.log", "--slot-save-path", str(slot_dir), *made_with)
     try:
-        want = complete(plain.url, SYSTEM + " question one")["content"]
+        want = complete(plain.url, SYSTEM + " question one")["tokens"]
         status, _, body = call(plain.url, "/slots/0?action=save", {"filename": "s.bin"})
         assert status == 200, body
-        props = json.loads(call(plain.url, "/props")[2])
     finally:
         plain.stop()
     saved = (slot_dir / "s.bin").read_bytes()
     tokens = slotfile.read_tokens(saved)
     assert tokens is not None and len(tokens) > 600
-    head = 12 + 4 * (len(tokens) + 4)
-    cut = saved[: head + (len(saved) - head) // 2]  # whole tokens, half the KV
-    # filed under the keys the proxy will use for this model and these options
-    namespace = identity.layout(props, identity.server_settings(args))
-    states = StateCache(pool, identity.model_digest(models[0]), namespace, chunk_tokens=64)
-    states.put(tokens, [cut])
-    errors_before = pool.stats().errors
+    if cut:
+        head = 12 + 4 * (len(tokens) + 4)
+        saved = saved[: head + (len(saved) - head) // 2]  # whole tokens, half the KV
     proxy = Proxy(pool.name, args, tmp_path / "proxy.log", "--chunk-tokens", CHUNK)
     try:
+        # filed under the keys the proxy uses for this model and these options
+        layout = identity.layout(json.loads(call(proxy.url, "/props")[2]), server_settings(args))
+        states = StateCache(pool, identity.model_digest(models[0]), layout, chunk_tokens=64)
+        states.put(tokens, [saved])
+        errors_before = pool.stats().errors
         answer = complete(proxy.url, SYSTEM + " question one")
         stats = proxy.wait_saved(1)
     finally:
         proxy.stop()
-    assert answer["content"] == want and answer["timings"]["cache_n"] == 0
-    assert stats["problems"] == {"restore_refused": 1}
+    assert answer["tokens"] == want and answer["timings"]["cache_n"] == 0
+    assert set(stats["problems"]) == {"restore_refused"}
     assert stats["counts"].get("restored", 0) == 0 and stats["counts"]["saved"] == 1
-    assert pool.stats().errors == errors_before + 1
+    assert pool.stats().errors == errors_before + stats["problems"]["restore_refused"]
     assert "refused a stored state" in (tmp_path / "proxy.log").read_text()

@@ -27,7 +27,7 @@ from .exchange import SlotExchange, check_private
 from .proxy import Proxy
 from .slots import SlotTable
 from .store import Problems, StateStore
-from .supervisor import ServerProcess, find_server
+from .supervisor import RESERVED_OPTIONS, ServerProcess, find_server
 from .upstream import Upstream, UpstreamError
 
 log = logging.getLogger("kvcache.llama_server")
@@ -69,6 +69,12 @@ class ProxyConfig:
             raise InvalidArgument("--upstream and --slot-dir go together (the server's own)")
         if self.upstream is None and not self.server_args:
             raise InvalidArgument("give llama-server's options after --, or --upstream URL")
+        reserved = {arg.partition("=")[0] for arg in self.server_args} & RESERVED_OPTIONS
+        if self.upstream is None and reserved:
+            raise InvalidArgument(
+                f"leave {', '.join(sorted(reserved))} to the proxy: "
+                "clients use its --listen address"
+            )
         if self.chunk_tokens < 1 or self.max_waiting < 0:
             raise InvalidArgument("--chunk-tokens must be at least 1, --max-waiting at least 0")
 
