@@ -12,7 +12,7 @@ Method
 * Model: the random-weight Llama of ``kvcache.integrations.gguf_model`` (float32
   weights, f16 KV): 8 layers, hidden 1024, 16 heads, 4 KV heads, MLP 2816, as
   ``bench_llama_cpp``; ``--quick``: 2 layers, hidden 256. llama-server with
-  ``-c 4096 -np 1 -t 2``; prompts of 2048 seeded random token ids (sent as ids).
+  ``-c 4096 -np 1 -t 1 -tb 1``; prompts of 2048 seeded random token ids (sent as ids).
 * TTFT: from sending ``/completion`` with ``n_predict: 1`` to its whole answer
   (the prefill, one sampled token, the proxy's work before it: tokens, lookup,
   restore). The proxy saves the slot after the answer, off the client's clock;
@@ -61,7 +61,9 @@ import kvcache
 FULL = ModelShape(num_layers=8, hidden=1024, num_heads=16, num_kv_heads=4, ffn=2816)
 QUICK = ModelShape(num_layers=2, hidden=256, num_heads=4, num_kv_heads=2, ffn=512)
 PROMPT_TOKENS, NEW_TOKENS, OVERHEAD_TOKENS = 2048, 16, 256
-SERVER_OPTIONS = ["-c", "4096", "-np", "1", "-t", "2", "--no-webui"]
+SERVER_OPTIONS = ["-c", "4096", "-np", "1", "-t", "1", "-tb", "1", "--no-webui"]
+# One thread, as bench_llama_cpp: ggml's threads spin at a barrier after every operation, and on a
+# shared machine another process on the core made steps of the same size 2-100x slower.
 FAILED: list[str] = []
 
 
@@ -81,9 +83,13 @@ def post(url: str, path: str, doc: dict[str, Any]) -> tuple[float, dict[str, Any
 
 def ttft(url: str, tokens: list[int]) -> tuple[float, int]:
     """Seconds to a one-token answer for ``tokens``, and its ``cache_n``."""
-    doc = {"prompt": tokens, "n_predict": 1, "temperature": 0.0, "cache_prompt": True}
-    seconds, answer = post(url, "/completion", doc)
+    seconds, answer = one_token(url, tokens)
     return seconds, int(answer.get("timings", {}).get("cache_n", -1))
+
+
+def one_token(url: str, tokens: list[int]) -> tuple[float, dict[str, Any]]:
+    doc = {"prompt": tokens, "n_predict": 1, "temperature": 0.0, "cache_prompt": True}
+    return post(url, "/completion", doc)
 
 
 def wait_until(url: str, path: str, ready: Any = None, timeout_s: float = 300) -> dict[str, Any]:
@@ -147,20 +153,32 @@ def warm_case(pool: str, model: Path, prompt: list[int], repeats: int) -> list[f
     return times
 
 
-def overhead(model: Path, pool: str, num_requests: int) -> tuple[float, float]:
-    """Median seconds of uncached requests straight to a server and through a proxy."""
-    straight, through = [], []
+def overhead(model: Path, pool: str, num_requests: int) -> tuple[float, float, float, float]:
+    """Medians of uncached requests straight to a server and through a proxy: seconds in
+    all, then seconds outside the server's own prompt and decode time (what the proxy
+    adds shows there without the prefill's noise on a shared machine)."""
+    straight, through, straight_out, through_out = [], [], [], []
     rng = np.random.default_rng(7)
-    with tempfile.TemporaryDirectory() as slots, server(model, "--slot-save-path", slots) as url:
+    with (
+        tempfile.TemporaryDirectory() as slots,
+        server(model, "--slot-save-path", slots, "--cache-ram", "0") as url,
+    ):
         os.chmod(slots, 0o700)
         with proxy(pool, model, "--upstream", url, "--slot-dir", slots) as proxy_url:
             for index in range(num_requests):
-                tokens = [1, *rng.integers(300, 400, OVERHEAD_TOKENS).tolist()]
-                straight.append(ttft(url, tokens)[0])
-                tokens = [1, *rng.integers(300, 400, OVERHEAD_TOKENS).tolist()]
-                through.append(ttft(proxy_url, tokens)[0])
+                for times, outside, target in (
+                    (straight, straight_out, url),
+                    (through, through_out, proxy_url),
+                ):
+                    tokens = [1, *rng.integers(300, 400, OVERHEAD_TOKENS).tolist()]
+                    seconds, answer = one_token(target, tokens)
+                    timings = answer.get("timings", {})
+                    times.append(seconds)
+                    server_ms = timings.get("prompt_ms", 0.0) + timings.get("predicted_ms", 0.0)
+                    outside.append(seconds - 1e-3 * server_ms)
                 saved(proxy_url, index + 1)
-    return statistics.median(straight), statistics.median(through)
+    medians = (statistics.median(t) for t in (straight, through, straight_out, through_out))
+    return tuple(medians)  # type: ignore[return-value]
 
 
 def run(args: argparse.Namespace) -> None:
@@ -212,10 +230,12 @@ def measure(
         saved(url, 1)
     rows.append(("disk pool, process restarted", statistics.median(
         warm_case(disk, model, prompt, args.repeats))))  # fmt: skip
-    straight, through = overhead(model, f"{ram}", args.overhead_requests)
+    straight, through, straight_out, through_out = overhead(model, ram, args.overhead_requests)
+    added_ms = 1e3 * (through_out - straight_out)
     print(f"proxy overhead, {OVERHEAD_TOKENS} uncached tokens: straight {1e3 * straight:.1f} ms, "
-          f"through the proxy {1e3 * through:.1f} ms: +{1e3 * (through - straight):.1f} ms "
-          f"({100 * (through / straight - 1):+.1f}%)")  # fmt: skip
+          f"through the proxy {1e3 * through:.1f} ms ({100 * (through / straight - 1):+.1f}%); "
+          f"outside the server's compute: {1e3 * straight_out:.1f} ms straight, "
+          f"{1e3 * through_out:.1f} ms through (+{added_ms:.1f} ms)")  # fmt: skip
     return rows
 
 

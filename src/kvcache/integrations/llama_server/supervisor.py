@@ -25,14 +25,15 @@ from ...errors import InvalidArgument
 
 log = logging.getLogger("kvcache.llama_server")
 
-IDLE_SLOT_OPTIONS = frozenset(
+PROMPT_CACHE_OPTIONS = frozenset(
     {"--cache-idle-slots", "--no-cache-idle-slots", "-cram", "--cache-ram"}
 )
-"""Without any of these the server runs with ``--no-cache-idle-slots``: by default, with a
-unified KV (``-kvu``), it clears every idle slot each time a task starts -- a state the proxy
-has just restored into a slot, before the request that asked for it starts there, too (we
-saw 4 restores in 6 lost that way with 3 slots and 6 clients). The pool keeps idle slots'
-states instead."""
+"""Without any of these the server runs with ``--cache-ram 0``: its own RAM prompt cache
+(8 GiB by default) holds what the pool holds, and costs more than it gives here. With it, a
+request after a restore took 520-630 ms for one new token on the quick benchmark model
+(1-2 ms without); and with a unified KV (``-kvu``) it clears every idle slot each time a
+task starts -- a state the proxy has just restored, before its request starts, too (4
+restores in 6 lost that way with 3 slots and 6 clients)."""
 RESERVED_OPTIONS = frozenset(
     {"--host", "--port", "--slot-save-path", "--api-key", "--api-key-file"}
 )
@@ -112,8 +113,8 @@ class ServerProcess:
         while not self._stopping:
             command = [self.binary, *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
             command += ["--slot-save-path", str(self.slot_dir)]
-            if not {arg.partition("=")[0] for arg in self.args} & IDLE_SLOT_OPTIONS:
-                command.append("--no-cache-idle-slots")
+            if not {arg.partition("=")[0] for arg in self.args} & PROMPT_CACHE_OPTIONS:
+                command += ["--cache-ram", "0"]
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL
             )
