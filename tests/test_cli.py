@@ -40,6 +40,7 @@ COMMANDS = [
     "simulate",
     "stats",
     "metrics",
+    "llama-server",
 ]
 
 
