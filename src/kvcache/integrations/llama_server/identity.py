@@ -97,16 +97,6 @@ def _is_value(arg: str) -> bool:
     return True
 
 
-def model_path_in(args: Sequence[str]) -> str | None:
-    """The ``-m``/``--model`` argument, if the command line gives one."""
-    for index, arg in enumerate(args):
-        if arg in ("-m", "--model") and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith("--model="):
-            return arg.partition("=")[2]
-    return None
-
-
 def layout(props: Mapping[str, object], settings: Mapping[str, str] | None) -> StateLayout:
     """The layout a server's states are filed under.
 
