@@ -8,6 +8,7 @@ comparisons see it).
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import subprocess
@@ -384,3 +385,50 @@ def test_a_state_the_server_cannot_load_costs_only_the_cache(
     assert stats["counts"].get("restored", 0) == 0 and stats["counts"]["saved"] == 1
     assert pool.stats().errors == errors_before + stats["problems"]["restore_refused"]
     assert "refused a stored state" in (tmp_path / "proxy.log").read_text()
+
+
+def test_proxies_fronting_running_servers_share_a_pool(
+    models: tuple[Path, Path], pool: kvcache.Pool, tmp_path: Path
+) -> None:
+    """--upstream: servers the user runs, each with its own private slot folder."""
+    args = server_args(models[0])
+    servers, proxies = [], []
+    try:
+        for name in ("a", "b"):
+            slots = tmp_path / f"slots-{name}"
+            slots.mkdir(mode=0o700)
+            server = Server(args, tmp_path / f"{name}.log", "--slot-save-path", str(slots))
+            servers.append(server)
+            options = ("--upstream", server.url, "--slot-dir", str(slots), "--chunk-tokens", CHUNK)
+            proxies.append(Proxy(pool.name, [], tmp_path / f"proxy-{name}.log", *options))
+        cold = complete(proxies[0].url, SYSTEM + " question one")
+        proxies[0].wait_saved(1)
+        warm = complete(proxies[1].url, SYSTEM + " question one")
+        stats = proxies[1].wait_saved(1)
+        leftovers = [list(path.iterdir()) for path in tmp_path.glob("slots-*")]
+    finally:
+        for process in proxies + servers:
+            process.stop()
+    assert warm["tokens"] == cold["tokens"] and warm["timings"]["prompt_n"] == 1
+    assert stats["counts"]["restored"] == 1 and stats["problems"] == {}
+    assert leftovers == [[], []]  # no slot file outlives its restore or save
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(
+    models: tuple[Path, Path], pool: kvcache.Pool, tmp_path: Path
+) -> None:
+    proxy = Proxy(pool.name, server_args(models[0]), tmp_path / "proxy.log")
+    try:
+        host, port = proxy.url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        body = {"prompt": SYSTEM, "n_predict": 2000, "stream": True, "temperature": 0.0}
+        connection.request("POST", "/completion", json.dumps(body))
+        answer = connection.getresponse()
+        assert answer.status == 200 and answer.read1(100).startswith(b"data: ")
+        connection.close()  # gone before the answer's end
+        again = complete(proxy.url, SYSTEM + " question one")  # the one slot is free again
+        stats = proxy.stats()
+    finally:
+        proxy.stop()
+    assert again["tokens"] and stats["counts"]["requests"] == 2
+    assert stats["counts"]["incomplete"] == 1  # seen, and not saved

@@ -101,7 +101,9 @@ class Proxy:
                 pinned["cache_prompt"] = True
             watch = CacheWatch()
             response = await self._relay(request, _encode(pinned), watch)
-            if tokens is not None and response.status == 200 and watch.complete:
+            if response.status == 200 and not watch.complete:
+                self.counts["incomplete"] += 1  # the client left: what the slot holds is unsure
+            elif tokens is not None and response.status == 200:
                 self._check(watch.cache_n(), held, tokens, restored)
                 saving = self._save_later(slot)
             return response
