@@ -7,6 +7,10 @@
 # a binary that runs on any x86-64 CI machine (KVCACHE_LLAMA_CMAKE_ARGS=... replaces it, as
 # for llama-cpp-python); OpenSSL off: the proxy talks to it over loopback only.
 # Run by setup.sh --llama-cpp when .venv/bin/llama-server is missing.
+# llama-cpp-python is not built against these libraries (-DLLAMA_BUILD=OFF with
+# LLAMA_CPP_LIB_PATH) to save its own compile: its import would then rest on shared
+# libraries outside its wheel, found through an environment variable every process needs,
+# and this build is static. A second full compile costs CI time, not correctness.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 work=$(mktemp -d)
