@@ -15,13 +15,15 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# cmake and ninja from PyPI where the system has none (as llama-cpp-python's own build does)
 command -v cmake >/dev/null || .venv/bin/python -m pip install --quiet cmake
+command -v ninja >/dev/null || .venv/bin/python -m pip install --quiet ninja
 PATH=$PWD/.venv/bin:$PATH
 .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
   --no-binary :all: -d "$work" "${KVCACHE_LLAMA:-llama-cpp-python==0.3.36}"
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 # shellcheck disable=SC2086  # the flags are words
-cmake -S "$work"/llama_cpp_python-*/vendor/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+cmake -G Ninja -S "$work"/llama_cpp_python-*/vendor/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${KVCACHE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF} \
   > "$work/cmake.log" || { cat "$work/cmake.log" >&2; exit 1; }
