@@ -21,9 +21,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("gguf", reason="gguf is not installed: pip install 'kvcache[llama-cpp]'")
-pytest.importorskip(
-    "aiohttp", reason="aiohttp is not installed: pip install 'kvcache[llama-server]'"
-)
 
 from llama_servers import Proxy, Server, call, complete, server_args
 

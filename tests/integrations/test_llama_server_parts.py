@@ -10,10 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip(
-    "aiohttp", reason="aiohttp is not installed: pip install 'kvcache[llama-server]'"
-)
-
 from kvcache import InvalidArgument
 from kvcache.integrations.llama_server import identity, slotfile
 from kvcache.integrations.llama_server.exchange import check_private
