@@ -67,7 +67,7 @@ class Proxy:
             return error_response(503, "llama-server is not ready (see the proxy's log)")
         path = request.path
         if request.method != "POST" or path not in CHAT_PATHS | COMPLETION_PATHS:
-            if path.startswith("/slots"):
+            if request.method == "POST" and path.startswith("/slots"):
                 self.slots.forget()  # a client's own slot actions change what slots hold
             return await self._relay(request, body)
         doc = _json_object(body)
