@@ -3,12 +3,16 @@ commands the units run executed for real (boot, shutdown, a restart, the persist
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +159,67 @@ def _commands(unit: Path, name: str, env: dict[str, str]) -> list[list[str]]:
 def _run(command: list[str], env: dict[str, str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, (command, result.stderr)
+
+
+def test_the_llama_server_units_command_serves_requests(
+    installed: Path, tmp_path: Path, unit_pool: str
+) -> None:
+    """kvcache-llama-server@.service's command with the example conf (model, pool and port
+    ours): a proxy and its llama-server that answer, and stop on SIGTERM with status 0."""
+    pytest.importorskip("gguf", reason="gguf is not installed: pip install 'kvcache[llama-cpp]'")
+    from kvcache.integrations.gguf_model import write_model
+    from kvcache.integrations.llama_server.supervisor import free_port
+
+    model = write_model(tmp_path / "tiny.gguf")
+    port = free_port()
+    binary = os.environ.get("KVCACHE_LLAMA_SERVER")  # else the one beside the venv's Python
+    conf = tmp_path / "llama-server-test.conf"
+    conf.write_text(
+        (UNITS / "llama-server-example.conf")
+        .read_text()
+        .replace("KVCACHE_POOL=llama-cache", f"KVCACHE_POOL={unit_pool}")
+        .replace("127.0.0.1:8081", f"127.0.0.1:{port}")
+        .replace(
+            "PROXY_OPTIONS=\n", f"PROXY_OPTIONS={f'--server-bin {binary}' if binary else ''}\n"
+        )
+        .replace("-m /srv/models/model.gguf -c 8192", f"-m {model} -c 4096")
+    )
+    unit = installed / "kvcache-llama-server@.service"
+    env = {**_environment(unit, conf), "KVCACHE_HOME": str(tmp_path)}
+    (command,) = _commands(unit, "test", env)
+    kvcache.create(unit_pool, "64M").close()
+    log = tmp_path / "unit.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            answers = [_post(url, "/completion", {"prompt": "the cache", "n_predict": 4})]
+            answers.append(
+                _post(
+                    url,
+                    "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                )
+            )
+        finally:
+            process.terminate()
+            code = process.wait(60)
+    assert code == 0, log.read_text()[-2000:]
+    assert all(status == 200 for status, _ in answers), answers
+    assert "listening on" in log.read_text()
+
+
+def _post(url: str, path: str, doc: dict[str, object]) -> tuple[int, bytes]:
+    """POST ``doc`` once the proxy at ``url`` answers (it listens once its server is ready)."""
+    deadline = time.monotonic() + 120
+    while True:
+        request = urllib.request.Request(url + path, json.dumps(doc).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
