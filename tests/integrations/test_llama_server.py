@@ -223,9 +223,9 @@ def test_a_server_killed_mid_save_fails_no_request(
             pid = proxy.stats()["server_pid"]
             time.sleep(delay_s)
             subprocess.run(["kill", "-KILL", str(pid)], check=True)  # as the save runs, or near
-            # the next request waits for the restarted server and is answered right
+            # the next request waits for the restarted server and is answered right (its
+            # tokens may be unknown, and it uncached, if it came as the server died)
             assert complete(proxy.url, SYSTEM + f" question {i + 1}")["tokens"] == want[i + 1]
-            proxy.wait_saved(2 * (i + 1))
         stats = proxy.stats()
     finally:
         proxy.stop()
