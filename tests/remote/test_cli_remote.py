@@ -100,7 +100,7 @@ def test_a_password_file_from_the_command_line(names, redis_password, tmp_path):
         (["--remote", "{url}", "--namespace", "n", "--remote-timeout", "soon"], "timeout"),
         (
             ["--remote", "{url}", "--namespace", "n", "--password-file", "/no/such"],
-            "does not exist",
+            "No such file",
         ),
         (["--remote", "{url}", "--namespace", "n!"], "namespace"),
         (["--remote", "{dead}", "--namespace", "n"], "cannot reach remote"),
