@@ -35,6 +35,7 @@ from typing import Any
 from .accesslog import MIN_MAX_BYTES, AccessLog, LogSpec, log_spec
 from .errors import InvalidArgument
 from .layout import H
+from .owners import user_name
 from .remote.urls import RemoteSpec
 from .safepath import UnsafePathError, open_given
 
@@ -207,6 +208,12 @@ class AccessLogMixin:
             InvalidArgument: a bad size, a file that cannot be written, or a pool of
                 another user (only its owner may set its log).
         """
+        owner = os.fstat(self._segment.fd).st_uid
+        if owner != os.geteuid():
+            raise InvalidArgument(
+                f"only the pool's owner ({user_name(owner)}) may set pool '{self.name}''s "
+                "access log: its processes follow their owner's settings alone"
+            )
         spec = None if path is None else log_spec(path, max_size)
         with self._lock:  # two switches at once: one wins whole, and the serial counts both
             pool_path = self._segment.path

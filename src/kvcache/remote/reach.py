@@ -79,6 +79,11 @@ def check_reachable(spec: RemoteSpec) -> None:
             f"cannot reach remote {spec.url} within {spec.timeout_s:g} s ({exc}): "
             "check the URL and that the server runs (or raise --remote-timeout)"
         ) from None
+    except Exception as exc:  # redis-py failing on replies Redis never sends
+        raise RemoteError(
+            f"remote {spec.url} answered as no Redis or Valkey server does "
+            f"({type(exc).__name__}: {exc}): it is not a Redis server; check the URL's port"
+        ) from None
     finally:
         if client is not None:
             client.close()
