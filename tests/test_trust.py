@@ -241,3 +241,25 @@ def test_safe_open_refuses_what_it_says_and_opens_the_rest(tmp_path):
     own.chmod(0o1777)  # sticky: what we made there is still ours alone
     os.close(open_given(own / "file"))
     assert stat.S_ISDIR(os.stat(own).st_mode)
+
+
+@needs_root
+def test_a_persist_never_writes_through_a_folder_another_user_controls(
+    make_pool, shared_dir, tmp_path
+):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+
+    def plant() -> int:
+        os.symlink(private, shared_dir / "snaps")
+        return 0
+
+    assert run_as_nobody(plant)[0] == 0
+    pool = make_pool("1M")
+    pool.put("k", b"v")
+    for folder in (shared_dir / "snaps", shared_dir):
+        with pytest.raises(kvcache.SnapshotError, match="pick another --path"):
+            kvcache.persist(pool, folder / "p.kvsnap")
+    assert list(private.iterdir()) == [] and not (shared_dir / "p.kvsnap").exists()
+    kvcache.persist(pool, private / "p.kvsnap")  # the control: a folder of our own
+    assert (private / "p.kvsnap").exists()

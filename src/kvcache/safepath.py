@@ -97,7 +97,8 @@ def check_folder(path: str | os.PathLike[str], what: str = "folder") -> None:
     Raises:
         UnsafePathError, OSError: as :func:`open_given`.
     """
-    folder, _ = _open_parent(os.path.join(os.path.abspath(os.fspath(path)), "."), what)
+    # a last part the walk does not open, so that it checks every folder of ``path``
+    folder, _ = _open_parent(os.path.join(os.path.abspath(os.fspath(path)), "x"), what)
     os.close(folder)
 
 
