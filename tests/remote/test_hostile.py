@@ -222,3 +222,19 @@ def _gets(server) -> int:
     """How many GETs the server has answered (its own count)."""
     stats = server.client().info("commandstats")
     return int(stats.get("cmdstat_get", {}).get("calls", 0))
+
+
+def test_the_deadline_watchdog_cuts_a_late_call_and_its_thread_ends_when_idle(monkeypatch):
+    from kvcache.remote.deadlines import Watchdog
+
+    monkeypatch.setattr("kvcache.remote.deadlines.IDLE_EXIT_S", 0.05)
+    watchdog, cut = Watchdog("test-deadlines"), threading.Event()
+    with watchdog.deadline(0.05, cut.set):
+        assert cut.wait(HANG_GUARD_S)  # a call still running past its deadline is cut
+    with watchdog.deadline(HANG_GUARD_S, cut.clear):
+        pass  # one that ends in time is not
+    assert cut.is_set()
+    started = time.monotonic()
+    while watchdog._thread is not None and time.monotonic() - started < HANG_GUARD_S:
+        time.sleep(0.01)
+    assert watchdog._thread is None  # no thread left behind by an idle link

@@ -19,6 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+IDLE_EXIT_S = 5.0
+"""With no call in flight this long, the thread ends (a handle opened and closed, as
+``status --watch`` does each refresh, leaves no thread behind); the next call starts one."""
+
 
 class Watchdog:
     """Runs the interrupt of each call that outlives its deadline."""
@@ -50,14 +54,19 @@ class Watchdog:
                 self._calls.pop(call, None)
 
     def _watch(self) -> None:
+        idle_waits = 0
         while True:
             with self._wake:
                 now = time.monotonic()
                 late = [call for call, (at, _) in self._calls.items() if at <= now]
                 interrupts = [self._calls.pop(call)[1] for call in late]
                 if not interrupts:
+                    idle_waits = 0 if self._calls else idle_waits + 1
+                    if idle_waits > 1:  # a whole IDLE_EXIT_S with no call in flight
+                        self._thread = None  # the next call starts another
+                        return
                     self._sleeps_until = min(
-                        (at for at, _ in self._calls.values()), default=now + 60
+                        (at for at, _ in self._calls.values()), default=now + IDLE_EXIT_S
                     )
                     self._wake.wait(self._sleeps_until - now)
                     continue
