@@ -98,7 +98,9 @@ class RemoteLink:
         self._mac_key: bytes | None = None
         self._key_loaded = False
         self._watchdog = Watchdog("kvcache-remote-deadlines")
-        self._cut_why: dict[int, str] = {}  # id of a client a deadline cut: why
+        # clients a deadline cut, and why: every call that then fails on one (the late
+        # call, and calls of other threads sharing its sockets) reports the timeout
+        self._cut_why: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._to_header = count
         self._counts: dict[str, int] = {}
         self._counts_lock = threading.Lock()
@@ -153,7 +155,7 @@ class RemoteLink:
         deadline_s = self.spec.timeout_s + extra_bytes / MIN_RATE_BYTES_S
 
         def interrupt() -> None:
-            self._cut_why[id(client)] = f"Timeout: no whole answer within {deadline_s:.3g} s"
+            self._cut_why[client] = f"Timeout: no whole answer within {deadline_s:.3g} s"
             self._cut(client)
 
         try:
@@ -161,7 +163,7 @@ class RemoteLink:
                 result = action(client)
         except Exception as exc:  # anything a foreign service on the port makes redis-py raise
             # a read whose socket a deadline shut (its own, or a call beside it): say why
-            why = self._cut_why.pop(id(client), None)
+            why = self._cut_why.get(client)
             self._fail(exc if why is None else TimeoutError(why), client)
             return default
         self._count({"calls": 1, "micros": int((time.perf_counter() - started) * 1e6)})
