@@ -31,7 +31,6 @@ from typing import NamedTuple, TypeVar, overload
 import numpy as np
 
 from . import codec, durable, recovery, segment, transfer
-from .accesslog import AccessLogMixin
 from .allocator import PageAllocator, Run
 from .config import MAX_KEY_BYTES, PoolConfig
 from .counters import COUNTER_NAMES, GET, PUT, Latency, M, MetricsRegion, sample_every
@@ -76,6 +75,7 @@ from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolMetrics, PoolStats
+from .settings import AccessLogMixin
 from .sketch import FrequencySketch
 from .stored import EntryRef, StoredEntry
 from .tiers import Below, TierMixin

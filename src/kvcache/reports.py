@@ -244,6 +244,7 @@ class RemoteStats:
     dropped: int  # entries not written: the queue was full or the remote down
     errors: int  # failed calls
     damaged: int  # entries found damaged, torn or half evicted (a miss; deleted)
+    rejected: int  # records failing the pool's MAC, or replies no record gets (a miss)
     calls: int
     micros: int
 

@@ -70,6 +70,47 @@ def test_status_says_down_and_why_when_redis_is_stopped(names, redis_server):
         redis_server.resume()
 
 
+LOOKING = ["status {name}", "status", "list", "stats {name}", "entries {name}", "metrics"]
+
+
+@pytest.mark.parametrize("state", ["up", "stopped", "killed"])
+def test_bug_looking_at_a_pool_with_a_remote_wrote_to_it(names, redis_server, state):
+    """status pinged the remote and counted the ping (or, down, an error) in the pool's file:
+    an operator checking during an outage inflated the alert being watched."""
+    name = names()
+    cortex_json(
+        "create",
+        name,
+        "--size",
+        "4M",
+        "--remote",
+        redis_server.url,
+        "--namespace",
+        "n",
+        "--remote-timeout",
+        "100ms",
+    )
+    with kvcache.open(name) as pool:
+        pool.put("k", b"v" * 5000)
+        pool.remote.flush()
+        path = pool.path
+    before = path.read_bytes()
+    {"up": lambda: None, "stopped": redis_server.stop, "killed": redis_server.kill}[state]()
+    try:
+        for command in LOOKING:
+            result = cortex(*command.format(name=name).split())
+            assert result.returncode == 0 and result.stdout, result.stderr
+            assert path.read_bytes() == before, command
+        remote = cortex_json("status", name)["remote"]
+        assert remote["up"] is (state == "up") and remote["errors"] == 0
+    finally:
+        if state == "stopped":
+            redis_server.resume()
+    with kvcache.open(name) as pool:  # the control: a worker's call is counted, in the file
+        pool.get("absent")
+    assert path.read_bytes() != before
+
+
 def test_a_password_file_from_the_command_line(names, redis_password, tmp_path):
     secret = tmp_path / "pass"
     secret.write_text(redis_password.password)
@@ -100,7 +141,7 @@ def test_a_password_file_from_the_command_line(names, redis_password, tmp_path):
         (["--remote", "{url}", "--namespace", "n", "--remote-timeout", "soon"], "timeout"),
         (
             ["--remote", "{url}", "--namespace", "n", "--password-file", "/no/such"],
-            "does not exist",
+            "No such file",
         ),
         (["--remote", "{url}", "--namespace", "n!"], "namespace"),
         (["--remote", "{dead}", "--namespace", "n"], "cannot reach remote"),

@@ -109,6 +109,7 @@ def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         write_through=args.write_through,
         remote_timeout=args.remote_timeout,
         password_file=args.password_file,
+        remote_key_file=args.remote_key_file,
         access_log=args.access_log,
         access_log_size=args.access_log_size,
     ) as pool:

@@ -79,6 +79,13 @@ def _remote(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--password-file", metavar="FILE", help="with --remote: a file holding its password"
     )
+    p.add_argument(
+        "--remote-key-file",
+        metavar="FILE",
+        help="with --remote: a file holding the key (e.g. `openssl rand -hex 32`) that signs "
+        "every record; hosts sharing the namespace use the same key, and a record that "
+        "fails it is never served",
+    )
 
 
 def trust_kwargs(args: argparse.Namespace) -> dict[str, Any]:

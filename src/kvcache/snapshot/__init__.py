@@ -45,6 +45,7 @@ from ..lifecycle import (
 from ..lifecycle import open as open_pool
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
+from ..settings import write_settings
 from ..stored import EntryRef, StoredEntry
 from ..units import parse_size
 from . import files
@@ -328,8 +329,6 @@ def restore_with_report(
             prealloc=prealloc,
             spill_to=link.spill_to or "",
             promote=link.promote,
-            remote=link.remote,
-            access_log=link.access_log,
             clock=clock,
             hidden=True,
             folder=target,
@@ -341,6 +340,7 @@ def restore_with_report(
             # (which every restored entry's clock values are within).
             builder.set_clock(snapshot_clock)
             publish(builder, replace=replace, force=force, **trust)
+            write_settings(builder._segment.path, link.settings, mode)
         except BaseException:
             discard(builder)
             raise
