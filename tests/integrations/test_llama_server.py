@@ -11,6 +11,8 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -429,3 +431,19 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(
         proxy.stop()
     assert again["tokens"] and stats["counts"]["requests"] == 2
     assert stats["counts"]["incomplete"] == 1  # seen, and not saved
+
+
+def test_a_killed_proxy_leaves_no_server_behind(models: tuple[Path, Path], tmp_path: Path) -> None:
+    proxy = Proxy("no-such-pool", server_args(models[0]), tmp_path / "proxy.log")
+    server_pid = proxy.stats()["server_pid"]
+    command = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
+    slot_dir = Path(command[command.index(b"--slot-save-path") + 1].decode())
+    proxy.stop(signal.SIGKILL)  # no chance to stop it, nor to remove its slot folder
+    shutil.rmtree(slot_dir)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+        if Path(f"/proc/{server_pid}/stat").read_text().split()[2] == "Z":
+            break  # ended, waiting for the init process to reap it
+        time.sleep(0.05)
+    stat = Path(f"/proc/{server_pid}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"

@@ -11,9 +11,11 @@ so a model that cannot load does not spin.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +42,7 @@ RESERVED_OPTIONS = frozenset(
 """Options the proxy sets itself (the server is the proxy's private backend)."""
 READY_TIMEOUT_S = 600.0
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 1.0, 60.0
+_PR_SET_PDEATHSIG = 1
 
 
 def find_server(binary: str | None) -> str:
@@ -63,6 +66,12 @@ def find_server(binary: str | None) -> str:
             "(scripts/setup.sh builds one into .venv/bin)"
         )
     return found
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the proxy dies, however it dies (Linux's
+    PR_SET_PDEATHSIG), so a killed proxy leaves no server holding its memory and port."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -116,7 +125,7 @@ class ServerProcess:
             if not {arg.partition("=")[0] for arg in self.args} & PROMPT_CACHE_OPTIONS:
                 command += ["--cache-ram", "0"]
             process = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL
+                *command, stdin=asyncio.subprocess.DEVNULL, preexec_fn=_end_with_parent
             )
             self._process = process
             log.info("started llama-server (pid %d) on %s", process.pid, self.url)
