@@ -24,9 +24,9 @@ PATH=$PWD/.venv/bin:$PATH
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 # shellcheck disable=SC2086  # the flags are words
 cmake -G Ninja -S "$work"/llama_cpp_python-*/vendor/llama.cpp -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+  -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF ${KVCACHE_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF} \
-  > "$work/cmake.log" || { cat "$work/cmake.log" >&2; exit 1; }
+  > "$work/cmake.log" 2>&1 || { cat "$work/cmake.log" >&2; exit 1; }
 cmake --build "$work/build" --target llama-server -j "$(nproc)" > "$work/build.log" \
   || { tail -50 "$work/build.log" >&2; exit 1; }
 install -m 755 "$work/build/bin/llama-server" .venv/bin/llama-server.tmp
