@@ -54,7 +54,7 @@ def metrics(args: argparse.Namespace, out: Output) -> dict[str, object]:
     host, port = exporter.parse_address(args.serve)
     server = exporter.Server(host, port, **trust)
     shown = f"[{server.host}]" if ":" in server.host else server.host
-    print(f"serving http://{shown}:{server.port}/metrics (Ctrl-C stops)", flush=True)
+    print(f"serving http://{shown}:{server.port}/metrics (Ctrl-C or SIGTERM stops)", flush=True)
     try:
         server.wait()
     except KeyboardInterrupt:
