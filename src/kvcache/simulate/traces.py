@@ -163,7 +163,7 @@ def _lines(path: Path, shown: str) -> Iterator[tuple[str, bytes]]:
     """Each non-blank line of the trace with where it is (``FILE line N``), each checked
     against ``MAX_LINE_BYTES`` and ``MAX_NESTING``."""
     reading_stdin = str(path) == STDIN
-    stream = sys.stdin.buffer if reading_stdin else open_regular(path)
+    stream = sys.stdin.buffer if reading_stdin else _open_regular(path)
     with contextlib.nullcontext(stream) if reading_stdin else stream:  # stdin stays open
         number = 0
         while line := stream.readline(MAX_LINE_BYTES + 1):
@@ -179,7 +179,7 @@ def _lines(path: Path, shown: str) -> Iterator[tuple[str, bytes]]:
                 yield where, line
 
 
-def open_regular(path: Path) -> BinaryIO:
+def _open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading if it is a regular file; a FIFO or a device is refused
     without waiting for a writer (``O_NONBLOCK``) or reading a byte.
 
