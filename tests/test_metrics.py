@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -216,6 +217,27 @@ def test_bug_300_idle_connections_made_300_threads(busy_pool: str) -> None:
             for connection in idle:
                 connection.close()
         _until_scraped(address)  # the idle ones held nothing for good
+        stopped_cleanly(server, signal.SIGTERM)
+
+
+def _closed_by_peer(connection: socket.socket) -> bool:
+    try:
+        return connection.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_client_that_drips_its_request_is_cut_off(busy_pool: str) -> None:
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # a byte a second: 34 s
+    with serving(busy_pool) as (server, address):
+        port = int(address.rpartition(":")[2])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as dripping:
+            sent = 0
+            while sent < len(request) and not select.select([dripping], [], [], 1)[0]:
+                with contextlib.suppress(OSError):  # cut while sending
+                    dripping.sendall(request[sent : sent + 1])
+                sent += 1
+            assert sent < len(request) and _closed_by_peer(dripping), "served to the end"
         stopped_cleanly(server, signal.SIGTERM)
 
 

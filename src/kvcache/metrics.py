@@ -34,9 +34,10 @@ remote tier's counters, ``remote``):
 ``Server`` answers scrapes over HTTP on a fixed few threads (``SERVING_THREADS``)
 fed by a bounded queue of connections, not a thread per connection as
 ``prometheus_client.start_http_server`` does (300 idle connections made 303
-threads); a connection that sends nothing for ``REQUEST_TIMEOUT_S`` is
-dropped, and one that finds the queue full is closed at once (a scraper
-retries at its next interval). It serves ``/metrics`` only: every other path,
+threads); a connection that sends nothing for ``REQUEST_TIMEOUT_S``, or is
+not done ``CONNECTION_DEADLINE_S`` after a thread took it, is dropped, and one
+that finds the queue full is closed at once (a scraper retries at its next
+interval). It serves ``/metrics`` only: every other path,
 ``/`` included, is a 404 whose body names ``/metrics`` (we chose no landing
 page: nothing to keep in step, and a person who opens ``/`` is told where to
 look).
@@ -51,6 +52,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,6 +86,9 @@ WAITING_CONNECTIONS = 16
 REQUEST_TIMEOUT_S = 5.0
 """A connection silent this long (each read of its request, each write of the answer)
 is dropped, freeing its thread; Prometheus sends its whole request at once."""
+CONNECTION_DEADLINE_S = 10.0
+"""A connection still being answered this long after a thread took it is cut, so a
+client that drips its request a byte at a time cannot hold a thread for good."""
 POOL_LABELS = ("pool", "tier")
 
 _COUNTERS: dict[str, str] = {
@@ -355,6 +360,8 @@ class _BoundedServer(WSGIServer):
         self._waiting: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(
             WAITING_CONNECTIONS
         )  # before the base's __init__, whose server_close (on a failed bind) drains it
+        self._deadlines: dict[socket.socket, float] = {}  # connections being answered
+        self._deadlines_lock = threading.Lock()
         family, address = _address(host, port)
         self.address_family = family  # read by the base's __init__, which makes the socket
         super().__init__(address, _QuietHandler)
@@ -378,14 +385,28 @@ class _BoundedServer(WSGIServer):
         for _ in range(SERVING_THREADS):
             self._waiting.put(None)
 
+    def service_actions(self) -> None:
+        """Cut the connections past their deadline (``serve_forever`` calls this about
+        twice a second): a shut-down socket ends the read or write its thread waits in."""
+        now = time.monotonic()
+        with self._deadlines_lock:
+            overdue = [request for request, end in self._deadlines.items() if end < now]
+        for request in overdue:
+            with contextlib.suppress(OSError):  # answered and closed meanwhile
+                request.shutdown(socket.SHUT_RDWR)
+
     def _answer(self) -> None:
         while waiting := self._waiting.get():
             request, client_address = waiting
+            with self._deadlines_lock:
+                self._deadlines[request] = time.monotonic() + CONNECTION_DEADLINE_S
             try:
                 self.finish_request(request, client_address)
             except Exception:
                 self.handle_error(request, client_address)
             finally:
+                with self._deadlines_lock:
+                    del self._deadlines[request]
                 self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
