@@ -5,8 +5,18 @@
 - ``output``: tables, progress bars and ``--json`` documents
 
 Exit codes: 0 on success; 1 on a user error (one line on stderr, no
-traceback) or when ``health`` finds problems it did not repair; 130 on Ctrl-C;
-141 when the reader of the output went away (``cortex cache list | head -1``).
+traceback) or when ``health`` finds problems it did not repair; 130 on Ctrl-C
+(SIGINT), 143 on SIGTERM; 141 when the reader of the output went away
+(``cortex cache list | head -1``). The commands that run until stopped
+(``metrics --serve``, ``status --watch``) exit 0 on either signal: that is
+how they are meant to end.
+
+SIGINT and SIGTERM stop every command the same way, by an exception in the
+main thread, so ``finally`` blocks run (a simulation kills its workers, an
+exporter frees its port). We install both handlers ourselves: Python installs
+none for SIGTERM (whose default kills at once, cleaning nothing), and none for
+SIGINT in a process started with SIGINT ignored, as ``nohup cmd &`` and
+background jobs of scripts are, which an exporter or a watch often is.
 
 Only the command line needs ``rich`` (the ``cli`` extra): inference engines
 import the library without it, so ``commands`` and ``output`` are imported
@@ -15,9 +25,12 @@ when a command runs, and a missing rich is a one-line error there.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from ..errors import KVCacheError
 from .parser import VERSION, UsageError, build
@@ -28,6 +41,16 @@ EXIT_READER_LEFT = 128 + 13
 BrokenPipeError instead; dying of the signal would need the default handler restored.)"""
 
 NEEDS_RICH = "the command line needs the rich package: pip install 'kvcache[cli]'"
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while a command ran (a ``KeyboardInterrupt``, so the
+    commands that run until stopped catch both as they catch Ctrl-C)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def run(argv: list[str], prog: str = "cortex cache") -> int:
@@ -67,7 +90,8 @@ def _run(argv: list[str], prog: str) -> int:
     try:
         args = build(prog).parse_args(argv)
         out = Output(getattr(args, "json", False))
-        out.document(COMMANDS[args.command](args, out))
+        with _stopped_by_signals():
+            out.document(COMMANDS[args.command](args, out))
         return 0
     except (UsageError, KVCacheError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -80,9 +104,31 @@ def _run(argv: list[str], prog: str) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {exc}"
+        print(f"{prog}: {how}", file=sys.stderr)
+        return 128 + signum
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM raise :class:`Interrupted` in this
+    thread; the previous handlers come back after it (``run`` is also called in-process,
+    by tests and programs). Outside the main thread no handler can be set: nothing is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _interrupt) for signum in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
 
 
 def _main(argv: list[str]) -> int:

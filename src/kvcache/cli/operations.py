@@ -53,9 +53,9 @@ def metrics(args: argparse.Namespace, out: Output) -> dict[str, object]:
         return {}
     host, port = exporter.parse_address(args.serve)
     server = exporter.Server(host, port, **trust)
-    shown = f"[{server.host}]" if ":" in server.host else server.host
-    print(f"serving http://{shown}:{server.port}/metrics (Ctrl-C stops)", flush=True)
-    try:
+    try:  # from here a signal is the way to stop, even one sent on seeing the line below
+        shown = f"[{server.host}]" if ":" in server.host else server.host
+        print(f"serving http://{shown}:{server.port}/metrics (Ctrl-C or SIGTERM stops)", flush=True)
         server.wait()
     except KeyboardInterrupt:
         pass

@@ -361,7 +361,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "trace",
         help="a Mooncake JSONL trace (one request per line with hash_ids), or a pool's "
-        "access log (create --access-log)",
+        "access log (create --access-log); - reads it from stdin",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(
