@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import re
-import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..safepath import UnsafePathError, open_given
 
 MOONCAKE_BLOCK_TOKENS = 512
 MAX_BLOCK_ID = (1 << 64) - 1
@@ -180,22 +180,20 @@ def _lines(path: Path, shown: str) -> Iterator[tuple[str, bytes]]:
 
 
 def _open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for reading if it is a regular file; a FIFO or a device is refused
-    without waiting for a writer (``O_NONBLOCK``) or reading a byte.
+    """``path`` opened for reading if it is a regular file reached through folders no
+    other user controls (:mod:`kvcache.safepath`); a FIFO or a device is refused without
+    waiting for a writer or reading a byte.
 
     Raises:
-        TraceError: no such file, unreadable, or not a regular file.
+        TraceError: no such file, unreadable, not a regular file, or a path through a
+            folder or symlink another user could have changed.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_given(path, any_owner=True, what="trace")
+    except UnsafePathError as exc:
+        raise TraceError(f"{exc}, or {STDIN} to read one from stdin") from None
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise TraceError(
-            f"{path} is not a regular file (a pipe, device or folder): give a trace file, "
-            f"or {STDIN} to read one from stdin"
-        )
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
