@@ -45,15 +45,6 @@ def serve_one(pool: kvcache.Pool) -> None:
 
 
 @pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder ``nobody`` owns and may write (where an attacker plants things)."""
-    folder = Path(tempfile.mkdtemp(prefix="kvcache-trust-"))
-    os.chown(folder, NOBODY, NOBODY)
-    yield folder
-    shutil.rmtree(folder)
-
-
-@pytest.fixture
 def group_pool(pool_name) -> Iterator[kvcache.Pool]:
     """Root's pool shared with the group ``nobody`` is in (mode 0660, as the README shares)."""
     pool = kvcache.create(pool_name, "4M", page_size="4K", mode=0o660)

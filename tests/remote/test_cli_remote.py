@@ -46,20 +46,17 @@ def test_create_with_a_remote_then_status_shows_it_up_with_its_counters(names, r
     assert "every put (write-through)" in human.stdout
 
 
+def create_with_remote(name: str, url: str) -> None:
+    """``cortex cache create NAME --remote URL`` with a short timeout, for tests that stop it."""
+    cortex_json(
+        "create", name, "--size", "4M", "--remote", url, "--namespace", "n",
+        "--remote-timeout", "100ms",
+    )  # fmt: skip
+
+
 def test_status_says_down_and_why_when_redis_is_stopped(names, redis_server):
     name = names()
-    cortex_json(
-        "create",
-        name,
-        "--size",
-        "4M",
-        "--remote",
-        redis_server.url,
-        "--namespace",
-        "n",
-        "--remote-timeout",
-        "100ms",
-    )
+    create_with_remote(name, redis_server.url)
     redis_server.stop()
     try:
         doc = cortex_json("status", name)
@@ -78,18 +75,7 @@ def test_bug_looking_at_a_pool_with_a_remote_wrote_to_it(names, redis_server, st
     """status pinged the remote and counted the ping (or, down, an error) in the pool's file:
     an operator checking during an outage inflated the alert being watched."""
     name = names()
-    cortex_json(
-        "create",
-        name,
-        "--size",
-        "4M",
-        "--remote",
-        redis_server.url,
-        "--namespace",
-        "n",
-        "--remote-timeout",
-        "100ms",
-    )
+    create_with_remote(name, redis_server.url)
     with kvcache.open(name) as pool:
         pool.put("k", b"v" * 5000)
         pool.remote.flush()
