@@ -20,7 +20,7 @@ from .output import Output
 from .parser import trust_kwargs
 
 NEEDS_PROMETHEUS = (
-    "cortex cache metrics needs the prometheus_client package: pip install 'kvcache[metrics]'"
+    "kvcache metrics needs the prometheus_client package: pip install 'kvcache[metrics]'"
 )
 WATCH_COLUMNS = (
     "TIME",
