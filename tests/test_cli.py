@@ -265,14 +265,14 @@ DOCUMENTED_SESSION = [
     "policies",
     "simulate {trace} --capacity 5% --policy lru",
 ]
-"""One run of every command the README's command table documents, aliases included."""
+"""One run of every command docs/cli.md's table documents, aliases included."""
 NOT_JSON = ("status {name} --watch", "metrics")
 """Session lines whose output is not one JSON document: lines, and Prometheus text."""
 
 
 def _documented_commands() -> set[str]:
-    """The commands (and aliases) in the README's command-line table."""
-    section = (REPO / "README.md").read_text().split("\n## Command line\n")[1].split("\n## ")[0]
+    """The commands (and aliases) in the command-line page's table."""
+    section = (REPO / "docs" / "cli.md").read_text().split("\n## ")[0]
     return set(re.findall(r"^\| `([\w-]+)", section, re.MULTILINE)) - {"command"} | set(
         re.findall(r"\(alias `(\w+)`\)", section)
     )
