@@ -48,13 +48,14 @@ def test_twine_finds_the_metadata_complete(dist: dict[str, Path]) -> None:
     assert report.count("PASSED") == 2, report
 
 
-def test_the_wheel_carries_its_license_types_and_commands(dist: dict[str, Path]) -> None:
+def test_the_wheel_carries_its_license_types_schemas_and_commands(dist: dict[str, Path]) -> None:
     with zipfile.ZipFile(dist["wheel"]) as wheel:
         names = wheel.namelist()
         meta = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = wheel.read(next(n for n in names if n.endswith("entry_points.txt")))
     assert "kvcache/py.typed" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+    assert {"kvcache/schemas/status.json", "kvcache/schemas/metrics.json"} <= set(names)
     assert "License-Expression: Apache-2.0" in meta
     assert "Description-Content-Type: text/markdown" in meta
     requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist")]

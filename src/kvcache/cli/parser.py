@@ -251,6 +251,11 @@ def build(prog: str) -> argparse.ArgumentParser:
         metavar="PATH",
         help="write them to PATH atomically, for node_exporter's textfile collector",
     )
+    where.add_argument(
+        "--json",
+        action="store_true",
+        help="print them once as one JSON document (for scripts)",
+    )
     p.add_argument(
         "--pool",
         action="append",
