@@ -40,6 +40,8 @@ COMMANDS = [
     "simulate",
     "stats",
     "metrics",
+    "completion",
+    "man",
 ]
 
 
@@ -264,10 +266,13 @@ DOCUMENTED_SESSION = [
     "delete {name} --yes",
     "policies",
     "simulate {trace} --capacity 5% --policy lru",
+    "completion bash",
+    "man",
 ]
 """One run of every command docs/cli.md's table documents, aliases included."""
-NOT_JSON = ("status {name} --watch", "metrics")
-"""Session lines whose output is not one JSON document: lines, and Prometheus text."""
+NOT_JSON = ("status {name} --watch", "metrics", "completion", "man")
+"""Session lines whose output is not one JSON document: lines, Prometheus text, a script
+and a manual page."""
 
 
 def _documented_commands() -> set[str]:

@@ -113,7 +113,8 @@ def test_the_python_blocks_of_a_page_run(page: Path, tmp_path: Path) -> None:
 
 
 def command_line(line: str, language: str) -> str | None:
-    """The ``kvcache ...`` command on a line of a block, without prompt, pipe or comment.
+    """The ``kvcache ...`` command on a line of a block, without prompt, pipe, redirection
+    or comment.
 
     In a shell block every line is a command; in an output block only a ``$ `` line is.
     """
@@ -121,7 +122,7 @@ def command_line(line: str, language: str) -> str | None:
         if not line.startswith("$ "):
             return None
         line = line[2:]
-    line = re.split(r" \| | +# ", line)[0].strip()
+    line = re.split(r" \| | > | +# ", line)[0].strip()
     return line if COMMAND.match(line) and not line.endswith("\\") else None
 
 

@@ -32,6 +32,7 @@ from ..units import format_size
 from .operations import metrics, stats, watch
 from .output import Output
 from .parser import trust_kwargs
+from .shell import completion, man
 from .simulating import simulate
 
 
@@ -522,6 +523,8 @@ COMMANDS = {
     "delete": destroy,
     "access-log": access_log,
     "policies": policies,
+    "completion": completion,
+    "man": man,
     "simulate": simulate,
     "metrics": metrics,
     "stats": stats,

@@ -49,6 +49,10 @@ class Output:
         if not self.as_json:
             self.console.print(text, markup=False, soft_wrap=True)
 
+    def raw(self, text: str) -> None:
+        """Text printed as it is (a script, a manual page): no markup, no wrapping."""
+        print(text, end="" if text.endswith("\n") else "\n")
+
     def table(
         self, columns: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[str] = ()
     ) -> None:

@@ -13,6 +13,9 @@ from ..pool import ENTRY_SORTS
 from ..simulate import DEFAULT_CAPACITIES, DEFAULT_PREFILL_TOKENS_PER_S
 from ..simulate.traces import MOONCAKE_BLOCK_TOKENS
 
+SHELLS = ("bash", "zsh", "tcsh")
+"""The shells ``completion`` writes scripts for (those shtab supports)."""
+
 VERSION = f"kvcache {__version__}"
 """What ``kvcache --version`` (and ``cortex --version``) print."""
 
@@ -359,6 +362,16 @@ def build(prog: str) -> argparse.ArgumentParser:
 
     p = _command(sub, "policies", "the eviction policies and when to use each", f"{e} policies")
     _json(p)
+
+    p = _command(
+        sub,
+        "completion",
+        "print the shell completion script of kvcache (bash, zsh or tcsh)",
+        f"{e} completion bash > ~/.local/share/bash-completion/completions/kvcache",
+    )
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete kvcache's commands in")
+
+    p = _command(sub, "man", "print kvcache's manual page (roff)", f"{e} man | man -l -")
 
     p = _command(
         sub,
