@@ -161,3 +161,23 @@ def test_every_block_not_run_says_why() -> None:
         for number, line in enumerate(page.read_text().splitlines(), 1):
             if "<!-- not run" in line:
                 assert NOT_RUN.fullmatch(line.strip()), f"{page.name}:{number}: give a reason"
+
+
+def _extras() -> set[str]:
+    """The extras pyproject.toml defines."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    return set(re.findall(r"^([\w-]+) = \[", section, re.MULTILINE))
+
+
+def test_every_pip_install_hint_names_extras_that_exist() -> None:
+    files = [*PAGES, *sorted((ROOT / "src").rglob("*.py"))]
+    hints = {
+        (path.name, extra)
+        for path in files
+        for extras in re.findall(r"kvcache\[([\w,-]+)\]", path.read_text())
+        for extra in extras.split(",")
+    }
+    assert len(hints) >= 10
+    assert {extra for _, extra in hints} >= {"redis", "metrics", "plot", "transformers", "all"}
+    assert [hint for hint in hints if hint[1] not in _extras()] == []
