@@ -26,6 +26,7 @@ EXTRAS_ONLY = {
     "kvcache.cli.commands": "rich",
     "kvcache.cli.operations": "rich",
     "kvcache.cli.output": "rich",
+    "kvcache.cli.shell": "rich",
     "kvcache.cli.simulating": "rich",
     "kvcache.integrations.devices": "torch",
     "kvcache.integrations.llama_cpp": "llama-cpp-python",
