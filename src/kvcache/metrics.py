@@ -1,4 +1,4 @@
-"""Prometheus exposition of every pool on the machine (``cortex cache metrics``).
+"""Prometheus exposition of every pool on the machine (``kvcache metrics``).
 
 ``PoolCollector`` is a ``prometheus_client`` collector that opens each pool at scrape
 time (alone: ``open(chain=False)``, so no remote tier is dialled), reads its
@@ -276,7 +276,7 @@ def registry(pools: Sequence[str] = (), **open_kwargs: Any) -> CollectorRegistry
 
 
 def exposition(**open_kwargs: Any) -> str:
-    """The text exposition of every pool, once (``cortex cache metrics``)."""
+    """The text exposition of every pool, once (``kvcache metrics``)."""
     return generate_latest(registry(**open_kwargs)).decode()
 
 
@@ -313,7 +313,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class Server:
-    """An HTTP ``/metrics`` endpoint in a background thread (``cortex cache metrics --serve``).
+    """An HTTP ``/metrics`` endpoint in a background thread (``kvcache metrics --serve``).
 
     Raises:
         InvalidArgument: the address cannot be bound (in use, not this machine's).

@@ -1,6 +1,6 @@
 """Capacity planning: replay a request trace through the real engine, per policy and size.
 
-``cortex cache simulate TRACE`` answers an operator's question (how big should
+``kvcache simulate TRACE`` answers an operator's question (how big should
 my pool be, and which policy?) by replaying a serving trace through scratch
 pools, one per policy and capacity, beside Belady's OPT as the ceiling.
 
