@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import kvcache
+from other_user import NOBODY
 
 
 @pytest.fixture(autouse=True)
@@ -120,3 +121,13 @@ def disk(tmp_path: Path) -> Iterator[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             return
     pytest.fail("no folder on a disk file system to put disk pools in (tmp_path, /var/tmp)")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder ``nobody`` (``other_user.NOBODY``) owns and may write: where another user
+    keeps their files, or plants things."""
+    folder = Path(tempfile.mkdtemp(prefix="kvcache-trust-"))
+    os.chown(folder, NOBODY, NOBODY)
+    yield folder
+    shutil.rmtree(folder)

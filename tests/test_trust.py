@@ -45,15 +45,6 @@ def serve_one(pool: kvcache.Pool) -> None:
 
 
 @pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder ``nobody`` owns and may write (where an attacker plants things)."""
-    folder = Path(tempfile.mkdtemp(prefix="kvcache-trust-"))
-    os.chown(folder, NOBODY, NOBODY)
-    yield folder
-    shutil.rmtree(folder)
-
-
-@pytest.fixture
 def group_pool(pool_name) -> Iterator[kvcache.Pool]:
     """Root's pool shared with the group ``nobody`` is in (mode 0660, as the README shares)."""
     pool = kvcache.create(pool_name, "4M", page_size="4K", mode=0o660)
@@ -263,3 +254,20 @@ def test_a_persist_never_writes_through_a_folder_another_user_controls(
     assert list(private.iterdir()) == [] and not (shared_dir / "p.kvsnap").exists()
     kvcache.persist(pool, private / "p.kvsnap")  # the control: a folder of our own
     assert (private / "p.kvsnap").exists()
+
+
+@needs_root
+def test_a_trace_is_never_read_through_a_symlink_another_user_planted(shared_dir, tmp_path):
+    from kvcache.simulate import TraceError, read_trace
+
+    mine = tmp_path / "trace.jsonl"
+    mine.write_text('{"hash_ids": [1, 2, 3]}\n')
+
+    def plant() -> int:
+        os.symlink(mine, shared_dir / "trace.jsonl")
+        return 0
+
+    assert run_as_nobody(plant)[0] == 0
+    with pytest.raises(TraceError, match="another user"):
+        read_trace(shared_dir / "trace.jsonl")
+    assert read_trace(mine).num_requests == 1  # the control: the same file by its own path

@@ -1,4 +1,4 @@
-"""A pool's access log: what its prefix caches were asked, for ``cortex cache simulate``.
+"""A pool's access log: what its prefix caches were asked, for ``kvcache simulate``.
 
 Opt-in (``create(access_log=FILE)``, ``Pool.set_access_log``). The file's path
 and size cap live in the pool's settings (``kvcache.settings``: its owner's file,

@@ -119,16 +119,18 @@ def create(
             every remote record with keyed BLAKE2b; a record that fails it is a miss.
             Without it, whoever may write the namespace decides what every host reads.
         access_log: a file that every process using the pool appends its prefix
-            requests to, for ``cortex cache simulate`` (see :mod:`kvcache.accesslog`;
+            requests to, for ``kvcache simulate`` (see :mod:`kvcache.accesslog`;
             ``Pool.set_access_log`` switches it later).
         access_log_size: the log's cap, with its one rotated file (default 64M).
-        clock, rng: injectable time and randomness (tests).
+        clock: injectable time (tests).
+        rng: injectable randomness (tests).
 
     Raises:
         PoolExistsError: a pool of that name exists, in any folder.
         PoolNotFoundError: ``spill_to`` names no pool.
         RemoteError: the remote cannot be reached or refuses the password.
-        OutOfSharedMemoryError, InvalidArgument,
+        OutOfSharedMemoryError: the folder cannot hold the pool.
+        InvalidArgument: an argument is out of range.
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
@@ -250,7 +252,7 @@ def open(
     Args:
         verify_reads: check each value read against the checksum written with
             it; a damaged entry is dropped and read as a miss (costs a hash of
-            every value read, see the README's figures).
+            every value read, see docs/performance.md).
         trust_owner: also accept a pool owned by this user (name or uid), e.g. a
             colleague's pool shared with ``mode=0o660``. Pools of other users
             are refused by default: their owner can read and change every value
@@ -262,11 +264,14 @@ def open(
         observe: open it (and its chain) to look, not to work: the handle takes
             no process slot, so it is not counted as attached and never makes a
             ``destroy`` refuse; it may read but not store, and changes nothing
-            when it opens or closes (``cortex cache status``, the exporter).
-        clock, rng: injectable time and randomness (tests).
+            when it opens or closes (``kvcache status``, the exporter).
+        clock: injectable time (tests).
+        rng: injectable randomness (tests).
 
     Raises:
-        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        PoolNotFoundError: no pool of that name.
+        IncompatiblePoolError: the file is not a pool this kvcache can open.
+        InvalidArgument: an argument is out of range.
         UntrustedOwnerError: another user's pool, and neither trust option covers it.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
@@ -416,7 +421,7 @@ def check_chain(name: str, spill_to: str) -> None:
     if spill_to not in segment.list_names():
         raise PoolNotFoundError(
             f"no pool named '{spill_to}' to spill to: create it first "
-            f"(cortex cache create {spill_to} --size 100G --tier disk)"
+            f"(kvcache create {spill_to} --size 100G --tier disk)"
         )
     chain, lower = [name, spill_to], _spill_to_of(spill_to)
     while lower is not None and lower not in chain[1:]:
@@ -484,12 +489,16 @@ def destroy(
     Args:
         force: destroy it even while other processes have it open, or while
             other pools spill to it.
-        trust_owner, trust_group: destroy another user's pool (see :func:`open`).
+        trust_owner: destroy this other user's pool (see :func:`open`).
+        trust_group: destroy a pool whose group is one of yours (see :func:`open`).
 
     A registered disk pool whose file is gone is forgotten.
 
     Raises:
-        PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
+        PoolNotFoundError: no pool of that name.
+        PoolBusyError: other processes have it open, and ``force`` is not given.
+        UntrustedOwnerError: another user's pool, and neither trust option covers it.
+        InvalidArgument: the name is not a pool name.
     """
     segment.validate_name(name)
     uppers = [] if force else upper_pools(name)

@@ -555,7 +555,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     @reports_damage
     def reset_stats(self) -> None:
         """Zero every counter and histogram of :meth:`stats`, :meth:`metrics` and
-        :meth:`remote_stats`, for every process (``cortex cache stats NAME --reset``)."""
+        :meth:`remote_stats`, for every process (``kvcache stats NAME --reset``)."""
         with self._lock:
             self._bytes_in = self._bytes_out = 0
             h = self._hq
@@ -938,7 +938,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def _key_from_file(self, eid: int) -> bytes:
         """A disk pool's ``_key_view``, read with ``pread``: a fault on a cold page of the
         mapping reads far more around it, under the lock (a cold 1 MiB get took 5.0 ms
-        instead of 1.2; see the README's "Disk pools")."""
+        instead of 1.2; see docs/tiers.md, "Disk pools")."""
         base = eid * ENTRY_WORDS
         first, key_len = self._eq[base + E.first_page], self._eq[base + E.key_len]
         if not (0 <= first < self._num_pages and 0 < key_len <= MAX_KEY_BYTES):

@@ -131,7 +131,7 @@ assert tuple(f.name for f in dataclasses.fields(TokenCounts)) == TOKEN_COUNTERS
 
 @dataclass(frozen=True)
 class Rates:
-    """What a pool did per second between two ``stats`` (``cortex cache status --watch``)."""
+    """What a pool did per second between two ``stats`` (``kvcache status --watch``)."""
 
     interval_s: float
     hits_per_s: float

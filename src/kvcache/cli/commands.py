@@ -1,4 +1,4 @@
-"""One function per ``cortex cache`` command: call the Python API, report the result.
+"""One function per ``kvcache`` command: call the Python API, report the result.
 
 Commands hold no pool logic of their own; everything they do is a public
 ``kvcache`` call. Each returns the JSON document for ``--json`` and prints
@@ -33,6 +33,7 @@ from .llama_server import llama_server
 from .operations import metrics, stats, watch
 from .output import Output
 from .parser import trust_kwargs
+from .shell import completion, man
 from .simulating import simulate
 
 
@@ -160,7 +161,7 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
             right=("SIZE", "USED", "ENTRIES", "HIT-RATE"),
         )
     else:
-        out.line("no pools: create one with cortex cache create NAME --size 1G")
+        out.line("no pools: create one with kvcache create NAME --size 1G")
     for doc in docs:
         if "error" in doc:
             out.line(f"- {doc['error']}")
@@ -212,7 +213,7 @@ def _recorded_path(name: str) -> Path | None:
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.name is None:
         if args.watch:
-            raise InvalidArgument("--watch needs a pool: cortex cache status NAME --watch")
+            raise InvalidArgument("--watch needs a pool: kvcache status NAME --watch")
         return list_pools(args, out)
     if args.watch:
         return watch(args, out)
@@ -385,8 +386,7 @@ def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
     }
     if after:
         out.line(
-            f"pool '{args.name}' has {len(after)} problems: "
-            f"run cortex cache health {args.name} --repair"
+            f"pool '{args.name}' has {len(after)} problems: run kvcache health {args.name} --repair"
         )
         out.document(doc)
         raise Unhealthy
@@ -524,6 +524,8 @@ COMMANDS = {
     "delete": destroy,
     "access-log": access_log,
     "policies": policies,
+    "completion": completion,
+    "man": man,
     "simulate": simulate,
     "metrics": metrics,
     "stats": stats,

@@ -269,12 +269,14 @@ def restore_with_report(
             and replace a pool that other processes have open.
         prealloc: reserve all memory now rather than as pages are first used.
         progress: called with (bytes read, bytes to read).
-        trust_owner, trust_group: accept a snapshot file (and a pool to replace)
-            of another user (see :func:`kvcache.open`); by default only the
-            caller's own and root's are.
-        tier, folder: where the new pool's file goes (see :func:`kvcache.create`'s
-            ``tier`` and ``path``); default the folder of the disk pool it
-            replaces, else shared memory.
+        trust_owner: accept a snapshot file (and a pool to replace) of this
+            other user (see :func:`kvcache.open`); by default only the caller's
+            own and root's are.
+        trust_group: accept those whose group is one of the caller's.
+        tier: where the new pool's file goes (see :func:`kvcache.create`'s
+            ``tier``); default the tier of the pool it replaces, else cpu.
+        folder: the folder for it (``kvcache.create``'s ``path``); default the
+            folder of the disk pool it replaces, else shared memory.
         clock: wall clock, to leave out entries that expired meanwhile.
 
     Raises:
