@@ -6,8 +6,8 @@ Run as a script, in its own process (vLLM's engine is one per process)::
 
 CONFIG: ``model``; ``rounds``: lists of prompts (token id lists), each round
 generated after the one before, in this one engine; ``connector``: the
-``kv_connector_extra_config`` (absent: no connector); ``module``: the
-connector's module (default ``kvcache.integrations.vllm``); ``engine``: more
+``kv_connector_extra_config`` (absent: no connector); ``module`` and ``class``:
+the connector's (default ``kvcache.integrations.vllm.KVCacheConnector``); ``engine``: more
 ``LLM(...)`` arguments; ``max_tokens``. Prints one JSON object: per round,
 per prompt, the greedy tokens, their top-5 logprobs and vLLM's
 ``num_cached_tokens``.
@@ -37,7 +37,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     }
     if "connector" in config:
         engine["kv_transfer_config"] = {
-            "kv_connector": "KVCacheConnector",
+            "kv_connector": config.get("class", "KVCacheConnector"),
             "kv_connector_module_path": config.get("module", "kvcache.integrations.vllm"),
             "kv_role": "kv_both",
             "kv_connector_extra_config": config["connector"],

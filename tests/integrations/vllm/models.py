@@ -4,6 +4,7 @@ tokenizer trained here on generated words (nothing downloaded)."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 VOCAB = 2048
@@ -45,3 +46,9 @@ def build_model(
     model.to(torch.bfloat16).save_pretrained(folder)
     (folder / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     return folder
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    """``length`` random token ids (none of the special ones)."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(length)]

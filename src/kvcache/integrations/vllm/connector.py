@@ -70,8 +70,11 @@ class KVCacheConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(caches, engine.block_size)
         else:
-            paged = PagedLayout.ROWS if current_platform.is_cpu() else PagedLayout.HALVES
-            self._worker = WorkerSide(caches, engine, paged)
+            self._worker = WorkerSide(caches, engine, self.block_layout())
+
+    def block_layout(self) -> PagedLayout:
+        """Where K and V sit in a block of vLLM's cache on this platform (see ``paged``)."""
+        return PagedLayout.ROWS if current_platform.is_cpu() else PagedLayout.HALVES
 
     # ------------------------------------------------------------ worker side
 

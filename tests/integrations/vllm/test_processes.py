@@ -1,0 +1,169 @@
+"""Real vLLM processes around one pool: killed mid-store, on a disk pool, refused at start,
+and behind the OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import engines
+import pytest
+from models import build_model, prompt
+
+import kvcache
+from kvcache.prefix import KVLayout, PrefixCache
+
+P = prompt(1025, seed=1)
+EAGER = {"enforce_eager": True}
+LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
+
+
+def _config(model: str, pool: str, **more: Any) -> dict[str, Any]:
+    return {"model": model, "engine": EAGER, "rounds": [[P]], "connector": {"pool": pool}, **more}
+
+
+def test_sigkill_mid_store_leaves_a_pool_the_next_engine_repairs_and_uses(
+    model: str, names: Callable[[], str], tmp_path: Path, private_home: Path
+) -> None:
+    pool = names()
+    kvcache.create(pool, "256M", policy="prefix").close()
+    env = engines.engine_env(private_home)
+    crashing = _config(model, pool, module="connectors", **{"class": "CrashingConnector"})
+    status, output = engines.finish(engines.start(crashing, tmp_path, env))
+    assert status == -signal.SIGKILL, output[-3000:]
+    with kvcache.open(pool) as handle:  # opening reclaims the dead writer's entry
+        assert handle.check() == []
+        assert PrefixCache(handle, model, LAYOUT).lookup(P) == 512  # 2 chunks before the kill
+    after = engines.run(_config(model, pool), tmp_path, env)[0][0]
+    assert after["num_cached_tokens"] == 512
+    with kvcache.open(pool) as handle:
+        assert handle.check() == []
+        assert PrefixCache(handle, model, LAYOUT).lookup(P) == 1024  # the rest stored again
+
+
+def test_a_disk_pool_serves_the_next_engine(
+    model: str, names: Callable[[], str], tmp_path: Path, private_home: Path
+) -> None:
+    pool = names()
+    env = engines.engine_env(private_home)
+    config = _config(model, pool, connector={"pool": pool, "size": "256M", "tier": "disk"})
+    first = engines.run(config, tmp_path, env)[0][0]
+    second = engines.run(config, tmp_path, env)[0][0]
+    assert (first["num_cached_tokens"], second["num_cached_tokens"]) == (0, 1024)
+    with kvcache.open(pool) as handle:
+        assert handle.config.tier == "disk" and handle.check() == []
+
+
+@pytest.mark.parametrize(
+    ("sliding_window", "chunk_tokens", "message"),
+    [
+        (64, 256, "plain full attention"),
+        (0, 100, r"chunk_tokens \(100\) must be a multiple of vLLM's block size \(128\)"),
+    ],
+)
+def test_what_the_connector_cannot_store_stops_the_engine_at_start(
+    sliding_window: int,
+    chunk_tokens: int,
+    message: str,
+    model: str,
+    names: Callable[[], str],
+    tmp_path: Path,
+    private_home: Path,
+) -> None:
+    if sliding_window:
+        model = str(build_model(tmp_path / "mistral", sliding_window=sliding_window))
+    pool = names()
+    connector = {"pool": pool, "size": "64M", "chunk_tokens": chunk_tokens}
+    env = engines.engine_env(private_home)
+    status, output = engines.finish(
+        engines.start(_config(model, pool, connector=connector), tmp_path, env)
+    )
+    assert status != 0
+    assert re.search(message, output), output[-3000:]
+
+
+@pytest.fixture
+def server_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def api_server(
+    model: str, names: Callable[[], str], tmp_path: Path, private_home: Path, server_port: int
+) -> Iterator[tuple[str, str]]:
+    """vLLM's OpenAI server with the connector, in vLLM's default multi-process mode."""
+    pool = names()
+    engines.run(
+        _config(model, pool, connector={"pool": pool, "size": "256M"}),
+        tmp_path, engines.engine_env(private_home),
+    )  # fmt: skip
+    transfer = {
+        "kv_connector": "KVCacheConnector",
+        "kv_connector_module_path": "kvcache.integrations.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"pool": pool},
+    }
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+         "--port", str(server_port), "--host", "127.0.0.1", "--dtype", "bfloat16",
+         "--max-model-len", "4096", "--gpu-memory-utilization", "0.05", "--enforce-eager",
+         "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(transfer)],
+        stdout=log, stderr=subprocess.STDOUT,
+        env=engines.engine_env(private_home, multiprocess=True),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{server_port}"
+    try:
+        deadline = time.monotonic() + engines.TIMEOUT_S
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(1)
+        assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        yield url, pool
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def test_the_openai_server_reports_tokens_from_the_pool_as_cached(
+    api_server: tuple[str, str], model: str
+) -> None:
+    url, _ = api_server
+    body = {"model": model, "prompt": P, "max_tokens": 4, "temperature": 0.0}
+    answer = _post(f"{url}/v1/completions", body)
+    assert answer["usage"]["prompt_tokens"] == 1025
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 1024
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    hits = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:external_prefix_cache_hits_total")
+    ]
+    assert hits == [1024.0]
