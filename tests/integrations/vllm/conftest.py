@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from models import build_model
+
+from kvcache.integrations.vllm.testmodel import build_model
 
 
 @pytest.fixture(scope="session")

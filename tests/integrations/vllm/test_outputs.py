@@ -72,6 +72,8 @@ def scenario(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     results["wrong"] = run(
         rounds=[[P]], connector=connector, module="connectors", **{"class": "WrongLayoutConnector"}
     )
+    with kvcache.open(pool) as handle:
+        results["tokens"] = handle.metrics().tokens[model]
     yield results
     kvcache.destroy(pool, force=True)
 
@@ -111,3 +113,11 @@ def test_the_prompts_last_token_is_always_computed(scenario: dict[str, Any]) -> 
     stops at the whole blocks below it (896), then at a whole chunk (768)."""
     assert scenario["cached"]["SHORT"] == 1024
     assert scenario["load"][2]["num_cached_tokens"] == 768
+
+
+def test_the_pools_token_counters_count_every_engine(scenario: dict[str, Any]) -> None:
+    counts = scenario["tokens"]
+    assert counts.stored == 3 * 1024  # P, SHORT and Q, once each
+    assert counts.hit == 1024 + 1024 + 768 + 1024  # load: P, Q, SHORT; wrong: P
+    prompts = {"store": [P, SHORT], "chunked": [Q], "load": [P, Q, SHORT], "wrong": [P]}
+    assert counts.queried == sum(len(p) for ps in prompts.values() for p in ps)

@@ -17,9 +17,10 @@ from typing import Any
 
 import engines
 import pytest
-from models import build_model, prompt
+from models import prompt
 
 import kvcache
+from kvcache.integrations.vllm.testmodel import build_model
 from kvcache.prefix import KVLayout, PrefixCache
 
 P = prompt(1025, seed=1)
@@ -60,7 +61,7 @@ def test_a_disk_pool_serves_the_next_engine(
     second = engines.run(config, tmp_path, env)[0][0]
     assert (first["num_cached_tokens"], second["num_cached_tokens"]) == (0, 1024)
     with kvcache.open(pool) as handle:
-        assert handle.config.tier == "disk" and handle.check() == []
+        assert handle.tier == "disk" and handle.check() == []
 
 
 @pytest.mark.parametrize(

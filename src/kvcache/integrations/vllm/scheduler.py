@@ -85,8 +85,10 @@ class SchedulerSide:
             return
         tracked.stored = max(tracked.stored, tracked.found)
         tracked.loading = num_external_tokens
-        if num_external_tokens == 0:  # a miss: the worker's retrieve counts only loads
-            self._caches.pool.count_tokens(self._caches.model, queried=len(tracked.prompt))
+        # the pool's token counters: the worker's retrieve counts the tokens it fetches
+        # (those up to the load's end, ``found``) and their hits; the rest of the prompt here
+        fetched = tracked.found if num_external_tokens else 0
+        self._caches.pool.count_tokens(self._caches.model, queried=len(tracked.prompt) - fetched)
 
     def build_plan(self, scheduler_output: Any) -> StepPlan:
         """This step's loads and stores."""

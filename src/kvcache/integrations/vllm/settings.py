@@ -76,7 +76,8 @@ class ConnectorSettings:
                 f"kv_connector_extra_config has unknown key(s) {', '.join(unknown)}: "
                 f"the kvcache connector takes {', '.join(known)}"
             )
-        return cls(**extra)  # type: ignore[arg-type]
+        pool = extra.pop("pool", None)  # missing: refused by __post_init__, with what to do
+        return cls(pool, **extra)  # type: ignore[arg-type]
 
     def open_pool(self) -> Pool:
         """The pool, opened; created first (``prefix`` policy) if ``size`` was given.
