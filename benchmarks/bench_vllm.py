@@ -12,7 +12,8 @@ Method
 * Model: ``kvcache.integrations.vllm.testmodel``, bfloat16 with random weights:
   8 layers, hidden 1024 (``--quick``: 4 x 256). vLLM 0.32 on the CPU backend,
   one engine per process, in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-  eager, block size 128; the connector with 256-token chunks.
+  eager, block size 128; the connector with 128-token chunks (so a hit covers
+  the whole blocks before the last token, as vLLM's own prefix cache does).
 * TTFT: ``llm.generate(prompt, max_tokens=1)``'s wall time, after one untimed
   warm-up request on other tokens in the same process (a fresh vLLM process's
   first request pays 1.5-2 s of one-time set-up), so it holds scheduling, the
@@ -116,7 +117,7 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
             "kv_connector": "TimedConnector",
             "kv_connector_module_path": "bench_vllm",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {"pool": config["pool"]},
+            "kv_connector_extra_config": {"pool": config["pool"], "chunk_tokens": 128},
         }
     llm = LLM(**engine)
     params = SamplingParams(temperature=0.0, max_tokens=1)

@@ -3,6 +3,8 @@ layouts, on CPU tensors (the CUDA layout's shapes and strides, without a GPU).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -54,9 +56,23 @@ def test_halves_are_what_flash_attention_reads() -> None:
     assert torch.equal(view[:, 1], values.transpose(1, 2))
 
 
-@pytest.mark.parametrize("layout", list(PagedLayout))
-def test_scatter_then_gather_round_trip(layout: PagedLayout) -> None:
-    make = _cpu_layer if layout is PagedLayout.ROWS else _flash_layer
+def _heads_outermost_layer() -> torch.Tensor:
+    """Flash attention's halves over memory ordered [heads, blocks, block_size, 2 * head_dim]:
+    blocks not outermost, so no block is one run of memory (the indexed-assignment path)."""
+    return _random(HEADS, BLOCKS, BLOCK, 2 * DIM).permute(1, 0, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("layout", "make"),
+    [
+        (PagedLayout.ROWS, _cpu_layer),
+        (PagedLayout.HALVES, _flash_layer),
+        (PagedLayout.HALVES, _heads_outermost_layer),
+    ],
+)
+def test_scatter_then_gather_round_trip(
+    layout: PagedLayout, make: Callable[[], torch.Tensor]
+) -> None:
     layers = [make().zero_() for _ in range(LAYERS)]
     views = [split_view(layer, layout, DIM) for layer in layers]
     blocks = [4, 1, 3]
