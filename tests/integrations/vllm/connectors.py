@@ -7,9 +7,13 @@ import os
 import signal
 from typing import Any
 
+import kvcache
 from kvcache import transfer
 from kvcache.integrations.vllm import KVCacheConnector
+from kvcache.integrations.vllm.names import engine_kv, model_id
 from kvcache.integrations.vllm.paged import PagedLayout
+from kvcache.integrations.vllm.settings import ConnectorSettings
+from kvcache.prefix import PrefixCache
 
 
 class WrongLayoutConnector(KVCacheConnector):
@@ -39,3 +43,24 @@ class CrashingConnector(KVCacheConnector):
             scatter(targets, pieces)
 
         transfer.scatter = scatter_then_die  # type: ignore[assignment]
+
+
+class VanishingConnector(KVCacheConnector):
+    """Deletes the third chunk of every prompt it is about to load, as an eviction between
+    the scheduler's lookup and the load would: the load must report those blocks."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        settings = ConnectorSettings.from_extra_config(
+            vllm_config.kv_transfer_config.kv_connector_extra_config
+        )
+        engine = engine_kv(vllm_config, kv_cache_config, settings.chunk_tokens)
+        self._prefixes = PrefixCache(
+            kvcache.open(settings.pool), model_id(vllm_config, None), engine.layout,
+            chunk_tokens=settings.chunk_tokens,
+        )  # fmt: skip
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        for load in self._get_connector_metadata().loads:  # type: ignore[attr-defined]
+            del self._prefixes.pool[self._prefixes.chunk_keys(load.token_ids)[2]]
+        super().start_load_kv(forward_context, **kwargs)

@@ -51,6 +51,25 @@ def test_sigkill_mid_store_leaves_a_pool_the_next_engine_repairs_and_uses(
         assert PrefixCache(handle, model, LAYOUT).lookup(P) == 1024  # the rest stored again
 
 
+def test_chunks_gone_before_their_load_are_recomputed(
+    model: str, names: Callable[[], str], tmp_path: Path, private_home: Path
+) -> None:
+    """The third of P's four chunks leaves the pool between the lookup and the load: the
+    load reports its blocks and those after it, and vLLM recomputes them, answering as an
+    engine that found only the first two chunks does (the same numeric path: exact)."""
+    pool = names()
+    env = engines.engine_env(private_home)
+    engines.run(_config(model, pool, connector={"pool": pool, "size": "256M"}), tmp_path, env)
+    vanishing = _config(model, pool, module="connectors", **{"class": "VanishingConnector"})
+    recomputed = engines.run(vanishing, tmp_path, env)[0][0]
+    with kvcache.open(pool) as handle:
+        assert PrefixCache(handle, model, LAYOUT).lookup(P) == 512
+    found_two = engines.run(_config(model, pool), tmp_path, env)[0][0]
+    assert found_two["num_cached_tokens"] == 512
+    assert recomputed["tokens"] == found_two["tokens"]
+    assert recomputed["logprobs"] == found_two["logprobs"]
+
+
 def test_a_disk_pool_serves_the_next_engine(
     model: str, names: Callable[[], str], tmp_path: Path, private_home: Path
 ) -> None:
@@ -62,6 +81,36 @@ def test_a_disk_pool_serves_the_next_engine(
     assert (first["num_cached_tokens"], second["num_cached_tokens"]) == (0, 1024)
     with kvcache.open(pool) as handle:
         assert handle.tier == "disk" and handle.check() == []
+
+
+def test_a_preempted_request_resumes_from_the_pool(
+    model: str, names: Callable[[], str], tmp_path: Path, private_home: Path
+) -> None:
+    """20 blocks of 128 tokens hold two 1200-token prompts (10 blocks each) but not their
+    81st new tokens: vLLM preempts one, frees its blocks, and recomputes it later; the
+    connector loads its prompt's chunks back. Without the squeeze nothing is preempted,
+    and both runs (each loading the prompts from the pool) generate the same tokens."""
+    pool = names()
+    env = engines.engine_env(private_home)
+    prompts = [prompt(1200, seed=5), prompt(1200, seed=6)]
+    config = _config(model, pool, rounds=[prompts], max_tokens=120,
+                     connector={"pool": pool, "size": "256M"})  # fmt: skip
+    engines.run(config, tmp_path, env)  # fills the pool: then both runs load the prompts
+    roomy = engines.run_for_all(
+        {**config, "engine": {**EAGER, "disable_log_stats": False}}, tmp_path, env
+    )
+    with kvcache.open(pool) as handle:
+        hits_before = handle.metrics().tokens[model].hit
+    squeezed = engines.run_for_all(
+        {**config, "engine": {**EAGER, "disable_log_stats": False, "num_gpu_blocks_override": 20}},
+        tmp_path, env,
+    )  # fmt: skip
+    assert (roomy["preemptions"], squeezed["preemptions"]) == (0, 1)
+    with kvcache.open(pool) as handle:
+        hits = handle.metrics().tokens[model].hit - hits_before
+    assert hits == 2 * 1024 + 1024  # both prompts at the start, one again on resuming
+    for wide, tight in zip(roomy["rounds"][0], squeezed["rounds"][0], strict=True):
+        assert tight["tokens"] == wide["tokens"]
 
 
 @pytest.mark.parametrize(

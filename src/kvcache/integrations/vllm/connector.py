@@ -9,6 +9,7 @@ that was built; see those modules for what each does.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +27,8 @@ from .plan import StepPlan
 from .scheduler import SchedulerSide
 from .settings import ConnectorSettings
 from .worker import WorkerSide
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -69,6 +72,7 @@ class KVCacheConnector(KVConnectorBase_V1):
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(caches, engine.block_size)
+            _recompute_load_failures(self._kv_transfer_config)
         else:
             self._worker = WorkerSide(caches, engine, self.block_layout())
 
@@ -150,3 +154,19 @@ class KVCacheConnector(KVConnectorBase_V1):
     def _scheduler_side(self) -> SchedulerSide:
         assert self._scheduler is not None, "a scheduler-side call on a worker's connector"
         return self._scheduler
+
+
+def _recompute_load_failures(kv_transfer_config: Any) -> None:
+    """Make vLLM recompute the blocks of chunks that left the pool before their load.
+
+    vLLM's default, ``kv_load_failure_policy="fail"``, ends such a request with an
+    error; for a cache, a chunk evicted between the lookup and the load is a miss.
+    The scheduler reads the policy just after building its connector, so setting it
+    here takes effect (and ``"fail"`` cannot be told from the default: it is replaced).
+    """
+    if kv_transfer_config.kv_load_failure_policy != "recompute":
+        log.info(
+            "kvcache connector: kv_load_failure_policy set to 'recompute': a chunk that "
+            "leaves the pool between lookup and load is recomputed, not an error"
+        )
+        kv_transfer_config.kv_load_failure_policy = "recompute"
