@@ -95,6 +95,7 @@ def test_a_preempted_request_resumes_from_the_pool(
     prompts = [prompt(1200, seed=5), prompt(1200, seed=6)]
     config = _config(model, pool, rounds=[prompts], max_tokens=120,
                      connector={"pool": pool, "size": "256M"})  # fmt: skip
+    squeeze = {"num_gpu_blocks_override": 20, "max_model_len": 2048}  # a request fits alone
     engines.run(config, tmp_path, env)  # fills the pool: then both runs load the prompts
     roomy = engines.run_for_all(
         {**config, "engine": {**EAGER, "disable_log_stats": False}}, tmp_path, env
@@ -102,7 +103,7 @@ def test_a_preempted_request_resumes_from_the_pool(
     with kvcache.open(pool) as handle:
         hits_before = handle.metrics().tokens[model].hit
     squeezed = engines.run_for_all(
-        {**config, "engine": {**EAGER, "disable_log_stats": False, "num_gpu_blocks_override": 20}},
+        {**config, "engine": {**EAGER, **squeeze, "disable_log_stats": False}},
         tmp_path, env,
     )  # fmt: skip
     assert (roomy["preemptions"], squeezed["preemptions"]) == (0, 1)
