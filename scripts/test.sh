@@ -14,7 +14,12 @@ for arg in "$@"; do
     *) if [ -e "${arg%%::*}" ]; then main+=("$arg"); else options+=("$arg"); fi ;;
   esac
 done
+# pytest's status 5 (nothing collected) is no failure when -k or -m left one run nothing
+selecting=$(case " ${options[*]-} " in *" -k"* | *" -m"*) echo 5 ;; *) echo none ;; esac)
+pytest_in() {
+  "$1"/bin/python -m pytest "${@:2}" || { status=$?; [ "$status" = "$selecting" ] || exit "$status"; }
+}
 [ ${#main[@]} -eq 0 ] && [ ${#vllm[@]} -ne 0 ] \
-  || .venv/bin/python -m pytest ${options[@]+"${options[@]}"} ${main[@]+"${main[@]}"}
+  || pytest_in .venv ${options[@]+"${options[@]}"} ${main[@]+"${main[@]}"}
 [ ${#main[@]} -ne 0 ] && [ ${#vllm[@]} -eq 0 ] \
-  || exec .venv-vllm/bin/python -m pytest ${options[@]+"${options[@]}"} "${vllm[@]:-tests/integrations/vllm}"
+  || pytest_in .venv-vllm ${options[@]+"${options[@]}"} "${vllm[@]:-tests/integrations/vllm}"
