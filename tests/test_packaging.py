@@ -30,6 +30,7 @@ EXTRAS_ONLY = {
     "kvcache.integrations.devices": "torch",
     "kvcache.integrations.llama_cpp": "llama-cpp-python",
     "kvcache.integrations.transformers": "torch, transformers",
+    "kvcache.integrations.vllm": "vllm (and its submodules, which the package imports first)",
     "kvcache.metrics": "prometheus_client",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""

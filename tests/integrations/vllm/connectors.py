@@ -61,6 +61,6 @@ class VanishingConnector(KVCacheConnector):
         )  # fmt: skip
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        for load in self._get_connector_metadata().loads:  # type: ignore[attr-defined]
+        for load in self._get_connector_metadata().loads:
             del self._prefixes.pool[self._prefixes.chunk_keys(load.token_ids)[2]]
         super().start_load_kv(forward_context, **kwargs)

@@ -10,8 +10,7 @@ generated after the one before, in this one engine; ``connector``: the
 the connector's (default ``kvcache.integrations.vllm.KVCacheConnector``); ``engine``: more
 ``LLM(...)`` arguments; ``max_tokens``. Prints one JSON object: per round,
 per prompt, the greedy tokens, their top-5 logprobs and vLLM's
-``num_cached_tokens``; and how many times vLLM preempted a request (counted
-when ``engine`` has ``disable_log_stats: false``).
+``num_cached_tokens``.
 """
 
 from __future__ import annotations
@@ -49,9 +48,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     for prompts in config["rounds"]:
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
         rounds.append([_described(output) for output in outputs])
-    counted = llm.get_metrics() if engine.get("disable_log_stats") is False else []
-    preemptions = sum(m.value for m in counted if m.name == "vllm:num_preemptions")
-    return {"rounds": rounds, "preemptions": preemptions}
+    return {"rounds": rounds}
 
 
 def _described(output: Any) -> dict[str, Any]:

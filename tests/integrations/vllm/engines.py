@@ -56,12 +56,7 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 
 def run(config: dict[str, Any], workdir: Path, env: dict[str, str]) -> list[list[dict[str, Any]]]:
-    """Run an engine to the end; its rounds of outputs (see ``engine_run.py``)."""
-    return run_for_all(config, workdir, env)["rounds"]
-
-
-def run_for_all(config: dict[str, Any], workdir: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Run an engine to the end; all that ``engine_run.py`` printed.
+    """Run an engine to the end; its rounds of outputs (see ``engine_run.py``).
 
     Raises:
         AssertionError: it failed (with the end of its output).
@@ -69,4 +64,4 @@ def run_for_all(config: dict[str, Any], workdir: Path, env: dict[str, str]) -> d
     status, output = finish(start(config, workdir, env))
     results = [line for line in output.splitlines() if line.startswith("RESULT ")]
     assert status == 0 and results, f"vLLM exited with {status}:\n{output[-6000:]}"
-    return json.loads(results[-1][len("RESULT ") :])
+    return json.loads(results[-1][len("RESULT ") :])["rounds"]

@@ -87,31 +87,35 @@ def test_a_preempted_request_resumes_from_the_pool(
     model: str, names: Callable[[], str], tmp_path: Path, private_home: Path
 ) -> None:
     """20 blocks of 128 tokens hold two 1200-token prompts (10 blocks each) but not their
-    81st new tokens: vLLM preempts one, frees its blocks, and recomputes it later; the
-    connector loads its prompt's chunks back. Without the squeeze nothing is preempted,
-    and both runs (each loading the prompts from the pool) generate the same tokens."""
+    81st new tokens: vLLM preempts one, frees its blocks, and recomputes it later, when the
+    connector loads its prompt's chunks again (the pool's third hit). With room, nothing
+    is preempted; both runs load the prompts from the pool."""
     pool = names()
     env = engines.engine_env(private_home)
     prompts = [prompt(1200, seed=5), prompt(1200, seed=6)]
     config = _config(model, pool, rounds=[prompts], max_tokens=120,
                      connector={"pool": pool, "size": "256M"})  # fmt: skip
-    squeeze = {"num_gpu_blocks_override": 20, "max_model_len": 2048}  # a request fits alone
-    engines.run(config, tmp_path, env)  # fills the pool: then both runs load the prompts
-    roomy = engines.run_for_all(
-        {**config, "engine": {**EAGER, "disable_log_stats": False}}, tmp_path, env
-    )
-    with kvcache.open(pool) as handle:
-        hits_before = handle.metrics().tokens[model].hit
-    squeezed = engines.run_for_all(
-        {**config, "engine": {**EAGER, **squeeze, "disable_log_stats": False}},
-        tmp_path, env,
-    )  # fmt: skip
-    assert (roomy["preemptions"], squeezed["preemptions"]) == (0, 1)
-    with kvcache.open(pool) as handle:
-        hits = handle.metrics().tokens[model].hit - hits_before
-    assert hits == 2 * 1024 + 1024  # both prompts at the start, one again on resuming
-    for wide, tight in zip(roomy["rounds"][0], squeezed["rounds"][0], strict=True):
-        assert tight["tokens"] == wide["tokens"]
+    engines.run(config, tmp_path, env)  # fills the pool
+
+    def hits_of(engine: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        with kvcache.open(pool) as handle:
+            before = handle.metrics().tokens[model].hit
+        outputs = engines.run({**config, "engine": engine}, tmp_path, env)[0]
+        with kvcache.open(pool) as handle:
+            return handle.metrics().tokens[model].hit - before, outputs
+
+    roomy_hits, roomy = hits_of(EAGER)
+    # 21 blocks: vLLM keeps one back (its null block); max_model_len: what 20 blocks hold
+    squeeze = {"num_gpu_blocks_override": 21, "max_model_len": 2048}
+    squeezed_hits, squeezed = hits_of({**EAGER, **squeeze})
+    assert (roomy_hits, squeezed_hits) == (2 * 1024, 3 * 1024)
+    # Up to the preemption (block 11 starts at token 1280: 80 new tokens) both runs did the
+    # same; after it vLLM recomputes the generated tokens' KV in one prefill, which rounds
+    # differently from their decoding in bfloat16 (near-tied logits of random weights: it
+    # changed token 119 of 120 here), so the rest is compared only for its length.
+    for wide, tight in zip(roomy, squeezed, strict=True):
+        assert tight["tokens"][:80] == wide["tokens"][:80]
+        assert len(tight["tokens"]) == len(wide["tokens"]) == 120
 
 
 @pytest.mark.parametrize(
