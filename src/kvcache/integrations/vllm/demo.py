@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
             for process in (1, 2):
                 command = [sys.executable, "-m", "kvcache.integrations.vllm.demo", "--name",
                            args.name, "--model", str(model), "--process", str(process)]  # fmt: skip
-                env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+                # vLLM's own logging off: its INFO lines go to stdout, and its warnings
+                # then reach stderr, which is hidden (on a failure: run it again, see above)
+                env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CONFIGURE_LOGGING": "0"}
                 if subprocess.run(command, env=env, stderr=subprocess.DEVNULL).returncode:
                     sys.exit(f"vLLM process {process} failed: run it again with --keep and see "
                              "vLLM's log (its stderr is hidden here)")  # fmt: skip
