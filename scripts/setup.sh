@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.10) and install kvcache with its command line's rich, its test
-# and lint tools, torch and transformers (for kvcache.integrations.transformers, its tests
-# and the demo); with --llama-cpp (test.sh passes it) also llama-cpp-python and gguf
-# (kvcache.integrations.llama_cpp). The dev extra brings test, which brings cli (rich),
-# redis (redis-py) and metrics (prometheus_client).
+# Create .venv (Python >= 3.10) and install kvcache, its test, lint, docs and packaging
+# tools, torch and transformers (for kvcache.integrations.transformers, its tests and the
+# demo); with --llama-cpp (test.sh passes it) also llama-cpp-python and gguf
+# (kvcache.integrations.llama_cpp). The dev extra brings test, which brings redis
+# (redis-py), plot and metrics (prometheus_client), and docs (mkdocs, jsonschema), build
+# and twine, which the tests of the documentation site and the built wheel use.
 # The remote-tier tests also need redis-server and redis-cli on PATH, which this script
 # leaves to the system's packages (.ci/run installs them; it runs as root, users may not).
 # Sourced by demo.sh and test.sh; safe to run again (pip skips what is there).

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import kvcache
+from other_user import NOBODY
 
 # tests/integrations/vllm need vLLM, which pins its own torch and transformers: they run in
 # .venv-vllm, in a second pytest that scripts/test.sh starts (docs/vllm.md)
@@ -125,3 +126,13 @@ def disk(tmp_path: Path) -> Iterator[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             return
     pytest.fail("no folder on a disk file system to put disk pools in (tmp_path, /var/tmp)")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder ``nobody`` (``other_user.NOBODY``) owns and may write: where another user
+    keeps their files, or plants things."""
+    folder = Path(tempfile.mkdtemp(prefix="kvcache-trust-"))
+    os.chown(folder, NOBODY, NOBODY)
+    yield folder
+    shutil.rmtree(folder)

@@ -40,6 +40,8 @@ COMMANDS = [
     "simulate",
     "stats",
     "metrics",
+    "completion",
+    "man",
 ]
 
 
@@ -264,15 +266,18 @@ DOCUMENTED_SESSION = [
     "delete {name} --yes",
     "policies",
     "simulate {trace} --capacity 5% --policy lru",
+    "completion bash",
+    "man",
 ]
-"""One run of every command the README's command table documents, aliases included."""
-NOT_JSON = ("status {name} --watch", "metrics")
-"""Session lines whose output is not one JSON document: lines, and Prometheus text."""
+"""One run of every command docs/cli.md's table documents, aliases included."""
+NOT_JSON = ("status {name} --watch", "metrics", "completion", "man")
+"""Session lines whose output is not one JSON document: lines, Prometheus text, a script
+and a manual page."""
 
 
 def _documented_commands() -> set[str]:
-    """The commands (and aliases) in the README's command-line table."""
-    section = (REPO / "README.md").read_text().split("\n## Command line\n")[1].split("\n## ")[0]
+    """The commands (and aliases) in the command-line page's table."""
+    section = (REPO / "docs" / "cli.md").read_text().split("\n## ")[0]
     return set(re.findall(r"^\| `([\w-]+)", section, re.MULTILINE)) - {"command"} | set(
         re.findall(r"\(alias `(\w+)`\)", section)
     )
@@ -323,7 +328,7 @@ def test_create_help_shows_only_what_works():
 def test_top_level_help_and_unknown_group():
     assert "cache" in subprocess.run([CORTEX, "--help"], capture_output=True, text=True).stdout
     result = subprocess.run([CORTEX, "kache", "list"], capture_output=True, text=True)
-    assert result.returncode == 1 and "unknown group" in result.stderr
+    assert result.returncode == 2 and "unknown group" in result.stderr
 
 
 def _run_on_terminal(args: list[str], answer: str) -> tuple[int, str]:
@@ -758,7 +763,7 @@ def world(tmp_path_factory):
 
 BAD_INPUTS = [
     ("create {missing} --size 0", "positive"),
-    ("create {missing} --size -1G", "size"),
+    ("create {missing} --size -1G", "negative"),
     ("create {missing} --size abc", "size"),
     ("create {missing} --size ''", "size"),
     ("create {missing} --size 2P", "absurd"),
@@ -853,6 +858,24 @@ BAD_INPUTS = [
     ("bogus", "invalid choice"),
     ("", "required"),
 ]
+USAGE_ERRORS = {
+    "create {missing}",
+    "create {missing} --size 1M --max-entries -5",
+    "create {missing} --size 1M --max-entries lots",
+    "create {missing} --size 1M --max-entries 0",
+    "create {missing} --size 1M --tier gpu",
+    "create {missing} --size 1M --tier tape",
+    "create {missing} --size 1M --restore --snapshot {good} --max-entries 0",
+    "entries {pool} --sort weird",
+    "entries {pool} --limit -1",
+    "restore {missing} --path {good} --tier tape",
+    "evict {pool} --percent abc",
+    "evict {pool}",
+    "evict {pool} --percent 10 --bytes 1M",
+    "bogus",
+    "",
+}
+"""The bad inputs that do not parse: exit code 2 (every other one is kvcache's refusal: 1)."""
 
 
 def _snapshot_of_world(world: dict) -> tuple:
@@ -874,13 +897,14 @@ def _snapshot_of_world(world: dict) -> tuple:
 @pytest.mark.parametrize(
     ("command", "expected"), BAD_INPUTS, ids=[c or "(nothing)" for c, _ in BAD_INPUTS]
 )
-def test_bad_input_is_one_line_exit_1_and_changes_nothing(world, home, command, expected):
+def test_bad_input_is_one_line_exit_1_or_2_and_changes_nothing(world, home, command, expected):
     if "{foreign" in command and world["foreign"] is None:
         pytest.skip("another user's pool needs root to make; CI runs as root")
     before = _snapshot_of_world(world)
     args = [a.format(**world) for a in shlex.split(command)]
     result = cortex(*args)
-    assert result.returncode == 1, (result.stdout, result.stderr)
+    code = 2 if command in USAGE_ERRORS else 1
+    assert result.returncode == code, (result.stdout, result.stderr)
     message = result.stderr.strip()
     assert "Traceback" not in result.stderr and "\n" not in message, result.stderr
     assert expected.lower() in message.lower(), message
@@ -890,6 +914,7 @@ def test_bad_input_is_one_line_exit_1_and_changes_nothing(world, home, command, 
 
 def test_bad_input_battery_is_large_enough():
     assert len(BAD_INPUTS) >= 40
+    assert USAGE_ERRORS.issubset(command for command, _ in BAD_INPUTS)
 
 
 def _run_as_nobody(argv: list[str]) -> tuple[int, str, str]:

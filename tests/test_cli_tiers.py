@@ -60,7 +60,7 @@ def test_refusals_are_one_line_errors_that_change_nothing(names):
     itself = cortex("create", up, "--size", "1M", "--spill-to", up)
     assert itself.returncode == 1 and "itself" in itself.stderr
     promote = cortex("create", up, "--size", "1M", "--promote", "always")
-    assert promote.returncode == 1 and "invalid choice" in promote.stderr
+    assert promote.returncode == 2 and "invalid choice" in promote.stderr  # does not parse
     cortex_json("create", low, "--size", "4M")
     cortex_json("create", up, "--size", "1M", "--spill-to", low)
     refused = cortex("destroy", low, "--yes")

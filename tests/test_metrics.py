@@ -3,16 +3,22 @@ scraped over HTTP and parsed with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,32 +104,155 @@ def test_metrics_once_prints_every_pool(busy_pool: str) -> None:
     assert "# HELP kvcache_hits_total" in result.stdout
 
 
-def test_the_endpoint_serves_on_loopback_and_is_scraped(busy_pool: str) -> None:
+@contextlib.contextmanager
+def serving(pool: str, **popen: Any) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``cortex cache metrics --serve`` of ``pool`` on any free loopback port: the process
+    and its ``host:port``. Killed afterwards if a test left it running."""
     server = subprocess.Popen(
         # any free port, host by default; --pool: other pools on this machine are not ours
-        [CORTEX, "cache", "metrics", "--serve", ":0", "--pool", busy_pool],
+        [CORTEX, "cache", "metrics", "--serve", ":0", "--pool", pool],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        **popen,
     )
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
-        url = re.search(r"http://(\S+)/metrics", line)
-        assert url and url.group(1).startswith("127.0.0.1:"), line
-        with urllib.request.urlopen(f"http://{url.group(1)}/metrics", timeout=30) as response:
-            assert response.status == 200
-            text = response.read().decode()
+        address = re.search(r"http://(\S+)/metrics", line)
+        assert address and address.group(1).startswith("127.0.0.1:"), line
+        yield server, address.group(1)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+def stopped_cleanly(server: subprocess.Popen[str], signum: int) -> None:
+    """Send ``signum``; the server must end at once, with status 0 and nothing on stderr."""
+    server.send_signal(signum)
+    assert server.wait(timeout=30) == 0
+    assert server.stderr is not None and server.stderr.read() == ""
+
+
+def scrape(address: str, path: str = "/metrics") -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_the_endpoint_serves_on_loopback_and_is_scraped(busy_pool: str) -> None:
+    with serving(busy_pool) as (server, address):
+        status, text = scrape(address)
+        assert status == 200
         check_busy_pool(samples_of(text, busy_pool))
         with kvcache.open(busy_pool) as pool:
             pool.put("one-more", b"v")
-        with urllib.request.urlopen(f"http://{url.group(1)}/metrics", timeout=30) as response:
-            again = samples_of(response.read().decode(), busy_pool)
+        again = samples_of(scrape(address)[1], busy_pool)
         assert again[("kvcache_puts_total", (("tier", "cpu"),))] == 7  # read at scrape time
-    finally:
-        server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=30) == 0
-    assert server.stderr is not None and server.stderr.read() == ""
+        stopped_cleanly(server, signal.SIGTERM)  # as systemd and timeout stop it
+
+
+def test_bug_an_exporter_started_with_sigint_ignored_never_stopped(busy_pool: str) -> None:
+    # as `cortex cache metrics --serve ... &` in a script, or nohup, starts it
+    ignoring = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    with serving(busy_pool, **ignoring) as (server, _):
+        stopped_cleanly(server, signal.SIGINT)
+
+
+@pytest.mark.parametrize("path", ["/", "/favicon.ico", "/metrics/", "/anything", "/../metrics"])
+def test_bug_every_path_answered_with_the_exposition(busy_pool: str, path: str) -> None:
+    with serving(busy_pool) as (server, address):
+        status, text = scrape(address, path)
+        assert status == 404 and "/metrics" in text and "kvcache_" not in text
+        assert scrape(address, "/metrics?name[]=kvcache_hits_total")[0] == 200
+        stopped_cleanly(server, signal.SIGTERM)
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _accept_queue(port: int) -> int:
+    """Connections to ``port`` (IPv4 loopback) the kernel holds that the server has not
+    yet accepted: its listening socket's receive queue in /proc/net/tcp."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(local.rpartition(":")[2], 16) == port:  # LISTEN
+            return int(queues.partition(":")[2], 16)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def _until_scraped(address: str, timeout_s: float = 30) -> None:
+    """Scrape until answered, as Prometheus does at each interval (a connection that
+    found the queue full is closed unanswered)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            assert scrape(address)[0] == 200
+            return
+        except (ConnectionError, urllib.error.URLError):
+            assert time.monotonic() < deadline, "never answered"
+            time.sleep(0.1)
+
+
+def test_bug_300_idle_connections_made_300_threads(busy_pool: str) -> None:
+    with serving(busy_pool) as (server, address):
+        port = int(address.rpartition(":")[2])
+        idle: list[socket.socket] = []
+        try:
+            for i in range(300):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+                if i % 2:
+                    idle[-1].sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            deadline = time.monotonic() + 30
+            while _accept_queue(port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _accept_queue(port) == 0, "the server stopped accepting"
+            assert _threads(server.pid) < 20  # a few, not one per connection
+        finally:
+            for connection in idle:
+                connection.close()
+        _until_scraped(address)  # the idle ones held nothing for good
+        stopped_cleanly(server, signal.SIGTERM)
+
+
+def _closed_by_peer(connection: socket.socket) -> bool:
+    try:
+        return connection.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_client_that_drips_its_request_is_cut_off(busy_pool: str) -> None:
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # a byte a second: 34 s
+    with serving(busy_pool) as (server, address):
+        port = int(address.rpartition(":")[2])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as dripping:
+            sent = 0
+            while sent < len(request) and not select.select([dripping], [], [], 1)[0]:
+                with contextlib.suppress(OSError):  # cut while sending
+                    dripping.sendall(request[sent : sent + 1])
+                sent += 1
+            assert sent < len(request) and _closed_by_peer(dripping), "served to the end"
+        stopped_cleanly(server, signal.SIGTERM)
+
+
+def test_a_closed_server_frees_its_port_and_its_threads(busy_pool: str) -> None:
+    before = {thread.ident for thread in threading.enumerate()}
+    server = metrics.Server("127.0.0.1", 0, pools=[busy_pool])
+    assert scrape(f"127.0.0.1:{server.port}")[0] == 200
+    server.close()
+    deadline = time.monotonic() + 30
+    while {t.ident for t in threading.enumerate()} - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {thread.ident for thread in threading.enumerate()} <= before
+    with socket.socket() as again:  # as a restarted exporter binds it (TIME_WAIT allowed)
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", server.port))
 
 
 def test_textfile_is_written_whole(busy_pool: str, tmp_path: Path) -> None:
@@ -172,7 +301,7 @@ def test_an_unreadable_pool_is_counted_not_fatal(busy_pool: str, names) -> None:
 )
 def test_bad_metrics_input_is_one_line(args: list[str], message: str) -> None:
     result = cortex("metrics", *args)
-    assert result.returncode == 1
+    assert result.returncode == (2 if message == "not allowed with" else 1)  # 2: does not parse
     assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
 
 
@@ -236,6 +365,28 @@ def test_watch_shows_the_rates_of_other_processes(busy_pool: str) -> None:
     assert any(row[-1] == "1" for row in rows)  # this process attached, the watcher not counted
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_bug_watch_did_not_stop_cleanly_on_sigterm_or_on_an_ignored_sigint(
+    busy_pool: str, signum: int
+) -> None:
+    watcher = subprocess.Popen(
+        [CORTEX, "cache", "status", busy_pool, "--watch", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # as `... --watch &` in a script starts it: SIGINT ignored, yet it must stop on it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert watcher.stdout is not None
+        assert watcher.stdout.readline().split() == list(WATCH_COLUMNS)  # watching
+        stopped_cleanly(watcher, signum)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+        watcher.wait()
+
+
 def test_watch_into_head_stops_quietly(busy_pool: str) -> None:
     writer = subprocess.Popen(
         [CORTEX, "cache", "status", busy_pool, "--watch", "--interval", "0.05"],
@@ -286,7 +437,7 @@ def test_watch_on_a_terminal_redraws_with_rich(busy_pool: str) -> None:
 )
 def test_bad_watch_input_is_one_line(busy_pool: str, args: list[str], message: str) -> None:
     result = cortex("status", busy_pool, "--watch", *args)
-    assert result.returncode == 1
+    assert result.returncode == (2 if args[0] == "--count" else 1)  # 2: does not parse
     assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
 
 

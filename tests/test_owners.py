@@ -11,8 +11,6 @@ open anything, so it is kvcache's own check that must refuse.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,15 +23,6 @@ from kvcache.segment import segment_path
 from other_user import NOBODY, needs_root, run_as_nobody
 
 pytestmark = needs_root
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A folder ``nobody`` may write in (pytest's tmp_path is root's alone)."""
-    folder = Path(tempfile.mkdtemp(prefix="kvcache-owners-"))
-    os.chown(folder, NOBODY, NOBODY)
-    yield folder
-    shutil.rmtree(folder)
 
 
 @pytest.fixture

@@ -325,7 +325,7 @@ def test_create_open_list_destroy(pool_name):
             assert other.config == pool.config
     kvcache.destroy(pool_name)
     assert pool_name not in kvcache.list_pools()
-    with pytest.raises(PoolNotFoundError, match="cortex cache create"):
+    with pytest.raises(PoolNotFoundError, match="kvcache create"):
         kvcache.open(pool_name)
     with pytest.raises(PoolNotFoundError):
         kvcache.destroy(pool_name)

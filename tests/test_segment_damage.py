@@ -2,7 +2,7 @@
 
 A buggy writer or a bad DIMM can change any word of a live segment. The
 contract: every pool operation either works or raises ``CorruptPoolError``
-(whose message says to run ``cortex cache health --repair``); it never hangs
+(whose message says to run ``kvcache health --repair``); it never hangs
 and never raises IndexError, OverflowError, ValueError or UnicodeDecodeError.
 ``check()`` reports what an operation would trip over, and after
 ``check(repair=True)`` everything works, ``check() == []``, and every value
@@ -128,7 +128,7 @@ def run_all(pool: kvcache.Pool, folder: Path, *, damaged: bool) -> None:
         except CorruptPoolError as exc:
             assert damaged, f"{name} failed on a repaired pool: {exc}"
             assert problems, f"check() found nothing, then {name} raised {exc}"
-            assert "cortex cache health" in str(exc) and "--repair" in str(exc)
+            assert "kvcache health" in str(exc) and "--repair" in str(exc)
             event(f"CorruptPoolError from {name}")
 
 

@@ -651,7 +651,7 @@ def test_random_resealed_edits_are_refused_or_restore_a_sound_pool(small, live, 
 
 def test_bug_resealed_text_key_that_is_not_utf8_crashed_keys_and_entries(live, scratch, small):
     """Regression: a key flagged as text whose bytes are not UTF-8 restored "fine";
-    keys() and `cortex cache entries` then raised UnicodeDecodeError."""
+    keys() and `kvcache entries` then raised UnicodeDecodeError."""
     snap = Opened.of(small.raw)
     index = snap.index("ключ")
     snap.data[int(snap.records["offset"][index])] = 0xFF

@@ -36,7 +36,7 @@ parts, bottom up (each module opens with its own overview):
 - ``prefix``    token prefixes: ``PrefixCache`` stores/finds a prompt's KV by chunks
 - ``integrations`` Hugging Face transformers (``kvcache.integrations.transformers``)
 - ``simulate``  capacity planning: a trace replayed per policy and size, beside OPT
-- ``cli``       ``cortex cache ...`` over the public API
+- ``cli``       ``kvcache ...`` over the public API
 
 Typical use::
 

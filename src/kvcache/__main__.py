@@ -1,4 +1,4 @@
-"""``python -m kvcache ...`` runs the same commands as ``cortex cache ...``."""
+"""``python -m kvcache ...`` runs the same commands as ``kvcache ...``."""
 
 import sys
 

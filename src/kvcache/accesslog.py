@@ -1,11 +1,16 @@
-"""A pool's access log: what its prefix caches were asked, for ``cortex cache simulate``.
+"""A pool's access log: what its prefix caches were asked, for ``kvcache simulate``.
 
 Opt-in (``create(access_log=FILE)``, ``Pool.set_access_log``). The file's path
-and size cap live in the pool's header, so every process that uses the pool
-writes to the same log, and a switch made by one is seen by the others at
-their next prefix call. ``PrefixCache`` writes one JSON line per ``retrieve``
-(a request: the chain of chunk ids it asked for and how many were found) and
-per ``store`` (the chunks written and the chunk before them)::
+and size cap live in the pool's settings (``kvcache.settings``: its owner's file,
+never the pool's header, which group members may write), so every process of
+the owner that uses the pool writes to the same log, and a switch made by one
+is seen by the others at their next prefix call. The file is opened as
+:mod:`kvcache.safepath` opens files: never through a folder or symlink another
+user controls, never another user's file, never a FIFO.
+
+``PrefixCache`` writes one JSON line per ``retrieve`` (a request: the chain of
+chunk ids it asked for and how many were found) and per ``store`` (the chunks
+written and the chunk before them)::
 
     {"timestamp": 1764858000123.4, "op": "retrieve", "hash_ids": [...], "hit": 31,
      "input_length": 2048, "block_tokens": 64, "block_bytes": 1048576}
@@ -41,10 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .errors import InvalidArgument
-from .layout import HEADER_DTYPE, H
+from .safepath import UnsafePathError, open_given
 from .units import format_size, parse_size
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,8 @@ def log_spec(path: str | os.PathLike[str], max_size: str | int | None = None) ->
         )
     try:
         os.close(_open_for_append(absolute))
+    except UnsafePathError as exc:
+        raise InvalidArgument(f"cannot write the access log: {exc}") from None
     except OSError as exc:
         raise InvalidArgument(
             f"cannot write the access log {absolute}: {exc.strerror or exc}; "
@@ -119,7 +124,7 @@ class AccessLog:
             os.write(fd, data)
             if os.fstat(fd).st_size >= self.spec.max_bytes // 2:
                 self._rotate(fd)
-        except OSError as exc:
+        except (OSError, UnsafePathError) as exc:
             if not self._broken:
                 log.warning("access log %s not written (%s): skipping it", self.spec.path, exc)
             self._broken = True
@@ -157,77 +162,6 @@ class AccessLog:
 
 
 def _open_for_append(path: Path) -> int:
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    return os.open(path, flags, 0o600)
-
-
-def write_log_spec(header: np.ndarray, spec: LogSpec | None) -> None:
-    """Record ``spec`` (None: logging off) in a header (a ``layout.HEADER_DTYPE`` record);
-    the serial tells processes that already opened the pool to follow the change."""
-    header["access_log"] = os.fsencode(spec.path) if spec else b""
-    header["access_log_bytes"] = spec.max_bytes if spec else 0
-    header["access_log_serial"] = int(header["access_log_serial"]) + 1
-
-
-def read_log_spec(header: np.ndarray, pool_name: str) -> LogSpec | None:
-    """The access log a header names; None if off, or if the fields are damaged (logged)."""
-    raw, max_bytes = header["access_log"].item(), int(header["access_log_bytes"])
-    if not raw or max_bytes <= 0:
-        return None
-    path = Path(os.fsdecode(raw))
-    if not path.is_absolute() or max_bytes < MIN_MAX_BYTES:
-        log.warning("pool '%s' names a damaged access log: not logging", pool_name)
-        return None
-    return LogSpec(path, max_bytes)
-
-
-class AccessLogMixin:
-    """``Pool``'s side: switch the log in the header, and follow what the header says."""
-
-    _lock: Any
-    _hq: Any
-    _segment: Any
-    name: str
-    _log: AccessLog | None = None
-    _log_serial = 0
-
-    @property
-    def access_log(self) -> AccessLog | None:
-        """The access log this pool writes to now, or None (one header word read per call)."""
-        serial = self._hq[H.access_log_serial]
-        if serial != self._log_serial:
-            with self._lock:
-                header = np.ndarray((), HEADER_DTYPE, buffer=self._segment.buffer)
-                try:
-                    spec, serial = (
-                        read_log_spec(header, self.name),
-                        int(header["access_log_serial"]),
-                    )
-                finally:
-                    del header  # no view may outlive a closing mapping
-            self._close_access_log()
-            self._log, self._log_serial = (AccessLog(spec) if spec else None), serial
-        return self._log
-
-    def set_access_log(
-        self, path: str | os.PathLike[str] | None, max_size: str | int | None = None
-    ) -> LogSpec | None:
-        """Start logging this pool's prefix requests to ``path`` (None: stop), for every
-        process that uses it; ``max_size`` caps the log with its rotated file (default 64M).
-
-        Raises:
-            InvalidArgument: a bad size, or a file that cannot be written.
-        """
-        spec = None if path is None else log_spec(path, max_size)
-        with self._lock:
-            header = np.ndarray((), HEADER_DTYPE, buffer=self._segment.buffer)
-            try:
-                write_log_spec(header, spec)
-            finally:
-                del header
-        return spec
-
-    def _close_access_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+    """Never through a folder or symlink another user controls, never their file, never a
+    FIFO (which would block the prefix call): see :mod:`kvcache.safepath`."""
+    return open_given(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600, what="access log")

@@ -28,7 +28,7 @@ is sampled: one call in ``DEFAULT_SAMPLE_EVERY`` of each op is timed, and each
 sample is added at once with the bytes the process kept back meanwhile, in one lock
 hold (and at ``Pool.stats``, ``Pool.metrics`` and close). So another process sees a
 process's bytes at most 127 of its gets or puts late. Timing every op costs ~30% of
-a 4 KiB get's throughput on the 2-core VM (``benchmarks/bench_metrics.py``, README).
+a 4 KiB get's throughput on the 2-core VM (``benchmarks/bench_metrics.py``, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ METRICS_DTYPE = np.dtype(
     [
         ("bytes_in", "<i8"),  # value bytes published (puts, restores, spills and promotions in)
         ("bytes_out", "<i8"),  # value bytes of hits
-        ("evictions_explicit", "<i8"),  # entries removed by Pool.evict (cortex cache evict)
+        ("evictions_explicit", "<i8"),  # entries removed by Pool.evict (kvcache evict)
         ("errors", "<i8"),  # puts refused: no room, or no memory to grow into
         ("reset_at", "<f8"),  # wall clock of the last reset_stats; 0 = never
         ("spare", "<i8", (3,)),

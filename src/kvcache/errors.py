@@ -113,7 +113,7 @@ DAMAGE_SIGNS = (CorruptPoolError, *FOREIGN_ERRORS)
 """What :func:`as_damage` looks at."""
 
 
-REPAIR_ADVICE = "run cortex cache health --repair"
+REPAIR_ADVICE = "run kvcache health --repair"
 
 
 def corrupt(detail: str) -> CorruptPoolError:
@@ -125,7 +125,7 @@ def damaged(pool_name: str, detail: str) -> CorruptPoolError:
     """The error for pool metadata found out of range (``detail``: what was found)."""
     return CorruptPoolError(
         f"pool '{pool_name}' has damaged metadata ({detail}): "
-        f"run cortex cache health {pool_name} --repair"
+        f"run kvcache health {pool_name} --repair"
     )
 
 

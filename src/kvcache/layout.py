@@ -55,9 +55,15 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 6
-READABLE_VERSIONS = (6,)
-"""6: a metrics region follows the header (``kvcache.counters``: bytes in and out,
+FORMAT_VERSION = 7
+READABLE_VERSIONS = (7,)
+"""7: the remote tier's URL, namespace, password file and the access log's path
+left the header for a file of the pool's owner (``kvcache.settings``): anyone who
+may write a shared pool may write its header, so nothing there may name a file to
+open or a server to dial; the header keeps a serial of the settings and counts
+remote records rejected. Format-6 pools are refused (persist and restore them:
+snapshots carry no settings).
+6: a metrics region follows the header (``kvcache.counters``: bytes in and out,
 evictions by reason, failed puts, PrefixCache tokens by model, latency histograms),
 moving every region after it, so format-5 pools are refused like older ones;
 the header's last word counts the additions to a ``prefix`` pool's frequency
@@ -103,13 +109,15 @@ REMOTE_COUNTERS = (
     "dropped",
     "errors",
     "damaged",
+    "rejected",
     "calls",
     "micros",
 )
 """The remote tier's counters, header fields ``remote_<name>`` (``Pool.remote_stats``):
 entries found and not found, bytes received and sent, entries written and dropped
-(queue full, remote down), failed calls, entries found damaged, calls and their
-total microseconds (for the mean latency)."""
+(queue full, remote down), failed calls, entries found damaged, records rejected
+(failing the pool's MAC, or a reply that is not one Redis gives for a record), calls
+and their total microseconds (for the mean latency)."""
 
 HEADER_DTYPE = np.dtype(
     [
@@ -161,12 +169,7 @@ HEADER_DTYPE = np.dtype(
         ("spills", "<i8"),  # entries this pool's evictions moved to its lower pool
         ("promotions", "<i8"),  # entries a hit below moved up into this pool
         ("clean", "<i8"),  # 1 once the last process closed it after a flush; 0 while open
-        # the remote tier (format 4): set at create, empty url = none
-        ("remote_url", "S256"),
-        ("remote_namespace", "S64"),
-        ("remote_password_file", "S256"),
-        ("remote_write_through", "<i8"),
-        ("remote_timeout_s", "<f8"),
+        # the remote tier's traffic (its URL and the rest are in kvcache.settings)
         *((f"remote_{name}", "<i8") for name in REMOTE_COUNTERS),
         # format 5: the ghost table (geometry) and the prefix policy's probation count
         ("ghost_offset", "<i8"),
@@ -174,10 +177,8 @@ HEADER_DTYPE = np.dtype(
         ("probation_target", "<i8"),  # arc: entries probation may hold before it goes first
         ("num_ghosts_probation", "<i8"),  # ghost words of keys that left probation
         ("num_ghosts_main", "<i8"),  # ghost words of the others
-        # the access log (format 5): switched at any time under the lock; empty = off
-        ("access_log", "S256"),
-        ("access_log_bytes", "<i8"),
-        ("access_log_serial", "<i8"),
+        # bumped by each change of the pool's settings file (kvcache.settings)
+        ("settings_serial", "<i8"),
         # the prefix policy's frequency sketch (kvcache.sketch): additions since it last halved
         ("sketch_additions", "<i8"),
     ]

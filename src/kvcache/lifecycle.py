@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import mmap
 import os
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import durable, folders, owners, registry, segment
-from .accesslog import LogSpec, log_spec, read_log_spec, write_log_spec
+from .accesslog import log_spec
 from .config import PoolConfig
 from .errors import (
     CorruptPoolError,
@@ -48,7 +47,8 @@ from .pool import Pool
 from .remote import RemoteLink, RemoteSpec
 from .remote.mixin import attach as attach_remote
 from .remote.reach import check_reachable, remote_spec
-from .remote.stored import read_spec, write_spec
+from .settings import NONE as NO_SETTINGS
+from .settings import PoolSettings, read_settings, remove_settings, write_settings
 from .tiers import Below
 
 
@@ -75,6 +75,7 @@ def create(
     write_through: bool = False,
     remote_timeout: str | float | None = None,
     password_file: str | os.PathLike[str] | None = None,
+    remote_key_file: str | os.PathLike[str] | None = None,
     access_log: str | os.PathLike[str] | None = None,
     access_log_size: str | int | None = None,
     clock: Callable[[], float] = time.time,
@@ -114,17 +115,22 @@ def create(
             marks the remote down; default 0.25 s.
         password_file: a file holding the remote's password; without it the
             password comes from ``$KVCACHE_REDIS_PASSWORD`` (never from the URL).
+        remote_key_file: a file holding a key (16-64 bytes, or their hex) that signs
+            every remote record with keyed BLAKE2b; a record that fails it is a miss.
+            Without it, whoever may write the namespace decides what every host reads.
         access_log: a file that every process using the pool appends its prefix
-            requests to, for ``cortex cache simulate`` (see :mod:`kvcache.accesslog`;
+            requests to, for ``kvcache simulate`` (see :mod:`kvcache.accesslog`;
             ``Pool.set_access_log`` switches it later).
         access_log_size: the log's cap, with its one rotated file (default 64M).
-        clock, rng: injectable time and randomness (tests).
+        clock: injectable time (tests).
+        rng: injectable randomness (tests).
 
     Raises:
         PoolExistsError: a pool of that name exists, in any folder.
         PoolNotFoundError: ``spill_to`` names no pool.
         RemoteError: the remote cannot be reached or refuses the password.
-        OutOfSharedMemoryError, InvalidArgument,
+        OutOfSharedMemoryError: the folder cannot hold the pool.
+        InvalidArgument: an argument is out of range.
         NotEnoughMemoryError: ``prealloc`` asks for more than the machine can give.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
@@ -134,7 +140,9 @@ def create(
     promote_word = _promote_word(promote)
     if spill_to is not None:
         check_chain(name, spill_to)
-    spec = remote_spec(remote, namespace, write_through, remote_timeout, password_file)
+    spec = remote_spec(
+        remote, namespace, write_through, remote_timeout, password_file, remote_key_file
+    )
     if access_log_size is not None and access_log is None:
         raise InvalidArgument("--access-log-size needs --access-log FILE")
     logged = None if access_log is None else log_spec(access_log, access_log_size)
@@ -157,8 +165,7 @@ def create(
         verify_reads=verify_reads,
         spill_to=spill_to or "",
         promote=promote_word,
-        remote=spec,
-        access_log=logged,
+        settings=PoolSettings(spec, logged),
         clock=clock,
         rng=rng,
         folder=folder,
@@ -176,8 +183,7 @@ def create_from_config(
     verify_reads: bool = False,
     spill_to: str = "",
     promote: int = PROMOTE_ON_HIT,
-    remote: RemoteSpec | None = None,
-    access_log: LogSpec | None = None,
+    settings: PoolSettings = NO_SETTINGS,
     clock: Callable[[], float] = time.time,
     rng: np.random.Generator | None = None,
     hidden: bool = False,
@@ -186,9 +192,11 @@ def create_from_config(
     """Create and open pool ``name`` with a validated ``config`` (see :func:`create`).
 
     Args:
-        spill_to, promote, remote: the chain, written into the header (see
-            :func:`create`; this opens neither the lower pool nor the remote).
-        access_log: written into the header (see :mod:`kvcache.accesslog`).
+        spill_to, promote: the lower pool, written into the header (see :func:`create`;
+            this opens neither the lower pool nor the remote).
+        settings: the remote tier and access log, written to the pool's settings file
+            (:mod:`kvcache.settings`) once it has its name; a hidden pool's are
+            written by whoever publishes it.
         hidden: keep the segment under a hidden name until
             :func:`publish` (or :func:`discard`); a restore fills it first.
         folder: a folder from ``folders.choose``; default shared memory.
@@ -205,11 +213,6 @@ def create_from_config(
             spill_to=spill_to,
             promote=promote,
         )
-        header = np.ndarray((), HEADER_DTYPE, buffer=seg.buffer)
-        write_spec(header, remote)
-        if access_log is not None:
-            write_log_spec(header, access_log)
-        del header  # no view may outlive a closing mapping
         durable.mark_new(seg)
 
     reserve = geometry.total_bytes if prealloc else geometry.data_offset
@@ -217,6 +220,8 @@ def create_from_config(
         name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden, folder=folder
     )
     try:
+        if not hidden:
+            write_settings(seg.path, settings, mode)
         return Pool(seg, config, geometry, verify_reads=verify_reads, clock=clock, rng=rng)
     except BaseException:
         seg.close()
@@ -247,7 +252,7 @@ def open(
     Args:
         verify_reads: check each value read against the checksum written with
             it; a damaged entry is dropped and read as a miss (costs a hash of
-            every value read, see the README's figures).
+            every value read, see docs/performance.md).
         trust_owner: also accept a pool owned by this user (name or uid), e.g. a
             colleague's pool shared with ``mode=0o660``. Pools of other users
             are refused by default: their owner can read and change every value
@@ -259,11 +264,14 @@ def open(
         observe: open it (and its chain) to look, not to work: the handle takes
             no process slot, so it is not counted as attached and never makes a
             ``destroy`` refuse; it may read but not store, and changes nothing
-            when it opens or closes (``cortex cache status``, the exporter).
-        clock, rng: injectable time and randomness (tests).
+            when it opens or closes (``kvcache status``, the exporter).
+        clock: injectable time (tests).
+        rng: injectable randomness (tests).
 
     Raises:
-        PoolNotFoundError, IncompatiblePoolError, InvalidArgument,
+        PoolNotFoundError: no pool of that name.
+        IncompatiblePoolError: the file is not a pool this kvcache can open.
+        InvalidArgument: an argument is out of range.
         UntrustedOwnerError: another user's pool, and neither trust option covers it.
         AddressSpaceError: this process's ``ulimit -v`` is below the pool's size.
     """
@@ -310,9 +318,15 @@ def _open_unchained(name: str, how: _Handles) -> Pool:
 def _follow_chain_of_top(pool: Pool, how: _Handles) -> None:
     """Attach the remote a pool opened by a caller names, then its chain of lower pools."""
     spec = stored_remote(pool)
-    link = None if spec is None else RemoteLink(spec, pool._count_remote)
+    count = _ignore_counts if how.observe else pool._count_remote
+    link = None if spec is None else RemoteLink(spec, count, max_entry_bytes=pool.config.size_bytes)
     attach_remote(pool, link, top=True, bottom=False)
     _follow_chain(pool, dataclasses.replace(how, remote=link), ())
+
+
+def _ignore_counts(deltas: dict[str, int]) -> None:
+    """An observer's remote counts: looking (``status`` pinging the remote) writes nothing
+    to the pool, so a look during an outage adds no error to the alert being watched."""
 
 
 def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
@@ -336,38 +350,36 @@ def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
 
 
 class Link(NamedTuple):
-    """What a pool's header says about its chain (and its access log, kept with it)."""
+    """A pool's chain: the lower pool its header names, and the settings this process
+    follows (its remote tier and access log, :mod:`kvcache.settings`)."""
 
     spill_to: str | None = None  # the lower pool
     promote: int = PROMOTE_ON_HIT
-    remote: RemoteSpec | None = None
-    access_log: LogSpec | None = None
+    settings: PoolSettings = NO_SETTINGS
 
 
 def stored_remote(pool: Pool) -> RemoteSpec | None:
-    """The remote tier named in ``pool``'s header, or None."""
-    return _link(pool._segment.buffer, pool.name).remote
+    """The remote tier this process follows for ``pool`` (its settings), or None."""
+    return read_settings(pool._segment.path, pool.name).remote
 
 
 def stored_spill_to(pool: Pool) -> str | None:
     """The lower pool named in ``pool``'s header, or None (none, or a damaged name)."""
-    return _link(pool._segment.buffer, pool.name).spill_to
+    return _link(pool._segment, pool.name).spill_to
 
 
-def _link(buffer: mmap.mmap, name: str) -> Link:
-    """The link a pool's header names; a damaged lower pool name or remote is none."""
-    header = np.ndarray((), HEADER_DTYPE, buffer=buffer)
+def _link(seg: segment.Segment, name: str) -> Link:
+    """The link of a pool; a damaged lower pool name, or settings not to follow, are none."""
+    header = np.ndarray((), HEADER_DTYPE, buffer=seg.buffer)
     try:
         raw, promote = header["spill_to"].item(), int(header["promote"])
-        remote = read_spec(header, name)
-        access_log = read_log_spec(header, name)
     finally:
         del header  # no view may outlive a closing mapping
     try:
         lower = segment.validate_name(raw.decode("ascii")) if raw else None
     except (UnicodeDecodeError, InvalidArgument):
         lower = None  # damaged: the pool works on alone
-    return Link(lower, promote, remote, access_log)
+    return Link(lower, promote, read_settings(seg.path, name))
 
 
 def _spill_to_of(name: str) -> str | None:
@@ -387,7 +399,7 @@ def chain_of(name: str) -> Link:
         return Link()
     try:
         read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
-        return _link(seg.buffer, name)
+        return _link(seg, name)
     except KVCacheError:
         return Link()
     finally:
@@ -409,7 +421,7 @@ def check_chain(name: str, spill_to: str) -> None:
     if spill_to not in segment.list_names():
         raise PoolNotFoundError(
             f"no pool named '{spill_to}' to spill to: create it first "
-            f"(cortex cache create {spill_to} --size 100G --tier disk)"
+            f"(kvcache create {spill_to} --size 100G --tier disk)"
         )
     chain, lower = [name, spill_to], _spill_to_of(spill_to)
     while lower is not None and lower not in chain[1:]:
@@ -477,12 +489,16 @@ def destroy(
     Args:
         force: destroy it even while other processes have it open, or while
             other pools spill to it.
-        trust_owner, trust_group: destroy another user's pool (see :func:`open`).
+        trust_owner: destroy this other user's pool (see :func:`open`).
+        trust_group: destroy a pool whose group is one of yours (see :func:`open`).
 
     A registered disk pool whose file is gone is forgotten.
 
     Raises:
-        PoolNotFoundError, PoolBusyError, UntrustedOwnerError, InvalidArgument.
+        PoolNotFoundError: no pool of that name.
+        PoolBusyError: other processes have it open, and ``force`` is not given.
+        UntrustedOwnerError: another user's pool, and neither trust option covers it.
+        InvalidArgument: the name is not a pool name.
     """
     segment.validate_name(name)
     uppers = [] if force else upper_pools(name)
@@ -496,7 +512,7 @@ def destroy(
         retire(
             name,
             DESTROYED,
-            lambda: segment.unlink(name),
+            lambda: _unlink(name),
             force=force,
             trust_owner=trust_owner,
             trust_group=trust_group,
@@ -505,6 +521,13 @@ def destroy(
         if registry.lookup(name) is None or os.path.lexists(segment.segment_path(name)):
             raise
         registry.forget(name)  # only the record was left
+
+
+def _unlink(name: str) -> None:
+    """Remove pool file ``name`` and its settings."""
+    path = segment.segment_path(name)
+    segment.unlink(name)
+    remove_settings(path)
 
 
 def retire(

@@ -1,4 +1,4 @@
-"""Prometheus exposition of every pool on the machine (``cortex cache metrics``).
+"""Prometheus exposition of every pool on the machine (``kvcache metrics``).
 
 ``PoolCollector`` is a ``prometheus_client`` collector that opens each pool at scrape
 time (alone: ``open(chain=False)``, so no remote tier is dialled), reads its
@@ -31,18 +31,34 @@ remote tier's counters, ``remote``):
 ``kvcache_unreadable_pools``                          pools this exporter could not open
 ====================================================  =====================================
 
+``Server`` answers scrapes over HTTP on a fixed few threads (``SERVING_THREADS``)
+fed by a bounded queue of connections, not a thread per connection as
+``prometheus_client.start_http_server`` does (300 idle connections made 303
+threads); a connection that sends nothing for ``REQUEST_TIMEOUT_S``, or is
+not done ``CONNECTION_DEADLINE_S`` after a thread took it, is dropped, and one
+that finds the queue full is closed at once (a scraper retries at its next
+interval). It serves ``/metrics`` only: every other path,
+``/`` included, is a 404 whose body names ``/metrics`` (we chose no landing
+page: nothing to keep in step, and a person who opens ``/`` is told where to
+look).
+
 Needs the ``metrics`` extra (``pip install 'kvcache[metrics]'``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
+import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client import write_to_textfile as _write_to_textfile
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -56,8 +72,23 @@ from . import lifecycle
 from .errors import InvalidArgument, KVCacheError, PoolDestroyedError, PoolNotFoundError
 from .reports import Histogram, PoolMetrics, PoolStats
 
+if TYPE_CHECKING:  # wsgiref.types is Python 3.11's; typeshed has them for 3.10 too
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
+METRICS_PATH = "/metrics"
+SERVING_THREADS = 4
+"""Threads answering scrapes: a scrape opens each pool for well under a millisecond,
+and one or two Prometheus servers scrape every few seconds."""
+WAITING_CONNECTIONS = 16
+"""Connections accepted and waiting for a thread; more are closed at once."""
+REQUEST_TIMEOUT_S = 5.0
+"""A connection silent this long (each read of its request, each write of the answer)
+is dropped, freeing its thread; Prometheus sends its whole request at once."""
+CONNECTION_DEADLINE_S = 10.0
+"""A connection still being answered this long after a thread took it is cut, so a
+client that drips its request a byte at a time cannot hold a thread for good."""
 POOL_LABELS = ("pool", "tier")
 
 _COUNTERS: dict[str, str] = {
@@ -245,7 +276,7 @@ def registry(pools: Sequence[str] = (), **open_kwargs: Any) -> CollectorRegistry
 
 
 def exposition(**open_kwargs: Any) -> str:
-    """The text exposition of every pool, once (``cortex cache metrics``)."""
+    """The text exposition of every pool, once (``kvcache metrics``)."""
     return generate_latest(registry(**open_kwargs)).decode()
 
 
@@ -282,20 +313,25 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class Server:
-    """An HTTP ``/metrics`` endpoint in a background thread (``cortex cache metrics --serve``).
+    """An HTTP ``/metrics`` endpoint in a background thread (``kvcache metrics --serve``).
 
     Raises:
         InvalidArgument: the address cannot be bound (in use, not this machine's).
     """
 
     def __init__(self, host: str, port: int, **open_kwargs: Any) -> None:
+        app = _only_metrics(make_wsgi_app(registry(**open_kwargs)))
         try:
-            self._httpd, self._thread = start_http_server(port, host, registry(**open_kwargs))
+            self._httpd = _BoundedServer(host, port, app)
         except OSError as exc:
             raise InvalidArgument(
                 f"cannot serve on {host}:{port} ({exc.strerror}): pick another --serve address"
             ) from None
         self.host, self.port = host, self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="kvcache-metrics-accept", daemon=True
+        )
+        self._thread.start()
 
     def wait(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set (or forever)."""
@@ -306,3 +342,95 @@ class Server:
         with contextlib.suppress(OSError):
             self._httpd.shutdown()
             self._httpd.server_close()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S  # StreamRequestHandler sets it on the connection
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Nothing: a scrape every few seconds is not news on stderr."""
+
+
+class _BoundedServer(WSGIServer):
+    """wsgiref's server answering connections on ``SERVING_THREADS`` daemon threads,
+    from a queue of at most ``WAITING_CONNECTIONS``; a connection that finds it full
+    is closed at once."""
+
+    def __init__(self, host: str, port: int, app: WSGIApplication) -> None:
+        self._waiting: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(
+            WAITING_CONNECTIONS
+        )  # before the base's __init__, whose server_close (on a failed bind) drains it
+        self._deadlines: dict[socket.socket, float] = {}  # connections being answered
+        self._deadlines_lock = threading.Lock()
+        family, address = _address(host, port)
+        self.address_family = family  # read by the base's __init__, which makes the socket
+        super().__init__(address, _QuietHandler)
+        self.set_app(app)
+        for _ in range(SERVING_THREADS):
+            threading.Thread(target=self._answer, name="kvcache-metrics", daemon=True).start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            self._waiting.put_nowait((request, client_address))
+        except queue.Full:
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        """Close the port and the connections still waiting, and end the threads (after
+        ``shutdown``: nothing is queued any more)."""
+        super().server_close()
+        with contextlib.suppress(queue.Empty):
+            while waiting := self._waiting.get_nowait():
+                self.shutdown_request(waiting[0])
+        for _ in range(SERVING_THREADS):
+            self._waiting.put(None)
+
+    def service_actions(self) -> None:
+        """Cut the connections past their deadline (``serve_forever`` calls this about
+        twice a second): a shut-down socket ends the read or write its thread waits in."""
+        now = time.monotonic()
+        with self._deadlines_lock:
+            overdue = [request for request, end in self._deadlines.items() if end < now]
+        for request in overdue:
+            with contextlib.suppress(OSError):  # answered and closed meanwhile
+                request.shutdown(socket.SHUT_RDWR)
+
+    def _answer(self) -> None:
+        while waiting := self._waiting.get():
+            request, client_address = waiting
+            with self._deadlines_lock:
+                self._deadlines[request] = time.monotonic() + CONNECTION_DEADLINE_S
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                with self._deadlines_lock:
+                    del self._deadlines[request]
+                self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went silent or away is dropped quietly; anything else is a bug,
+        reported as the base class does (a traceback on stderr)."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
+    """The family (IPv4 or IPv6) and socket address to bind ``host:port`` with."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return family, (str(address[0]), int(address[1]))
+
+
+def _only_metrics(app: WSGIApplication) -> WSGIApplication:
+    """``app`` at ``/metrics``; a 404 naming ``/metrics`` everywhere else."""
+
+    def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == METRICS_PATH:
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"404 not found: kvcache serves Prometheus metrics at {METRICS_PATH}\n".encode()]
+
+    return serve

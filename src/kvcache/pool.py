@@ -31,7 +31,6 @@ from typing import NamedTuple, TypeVar, overload
 import numpy as np
 
 from . import codec, durable, recovery, segment, transfer
-from .accesslog import AccessLogMixin
 from .allocator import PageAllocator, Run
 from .config import MAX_KEY_BYTES, PoolConfig
 from .counters import COUNTER_NAMES, GET, PUT, Latency, M, MetricsRegion, sample_every
@@ -76,6 +75,7 @@ from .policies import get_policy, rank_victims
 from .procs import ProcessTable, me
 from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolMetrics, PoolStats
+from .settings import AccessLogMixin
 from .sketch import FrequencySketch
 from .stored import EntryRef, StoredEntry
 from .tiers import Below, TierMixin
@@ -555,7 +555,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     @reports_damage
     def reset_stats(self) -> None:
         """Zero every counter and histogram of :meth:`stats`, :meth:`metrics` and
-        :meth:`remote_stats`, for every process (``cortex cache stats NAME --reset``)."""
+        :meth:`remote_stats`, for every process (``kvcache stats NAME --reset``)."""
         with self._lock:
             self._bytes_in = self._bytes_out = 0
             h = self._hq
@@ -933,7 +933,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
     def _key_from_file(self, eid: int) -> bytes:
         """A disk pool's ``_key_view``, read with ``pread``: a fault on a cold page of the
         mapping reads far more around it, under the lock (a cold 1 MiB get took 5.0 ms
-        instead of 1.2; see the README's "Disk pools")."""
+        instead of 1.2; see docs/tiers.md, "Disk pools")."""
         base = eid * ENTRY_WORDS
         first, key_len = self._eq[base + E.first_page], self._eq[base + E.key_len]
         if not (0 <= first < self._num_pages and 0 < key_len <= MAX_KEY_BYTES):

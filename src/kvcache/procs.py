@@ -13,7 +13,7 @@ flock (``locks_remove_file``), so a process that takes the pool lock after
 its holder died always finds that holder's lease gone, and the repair it
 runs drops the dead holder's half-written entries at once. Leases are probed
 through another description (a lock's own holder never conflicts with it). Pids and
-start times are kept beside it for people only (``cortex cache status``):
+start times are kept beside it for people only (``kvcache status``):
 a pid from another namespace means nothing, or another process, here.
 
 A slot's ``serial`` is bumped by each new holder, so a record that names its

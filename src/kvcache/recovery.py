@@ -13,7 +13,7 @@ beyond the clock, a use count that is not a number) is mended instead, and so
 are header words that every later put or get would trip over (a clock or
 counter about to overflow, a fresh-page watermark past the pool). The pool's
 lock calls ``rebuild`` when it finds that a previous holder died mid-mutation;
-``Pool.check`` and ``cortex cache health`` call both.
+``Pool.check`` and ``kvcache health`` call both.
 
 Cost: one Python step per live page, so a repair of a large pool takes
 seconds; it only runs after a crash or on request.

@@ -61,7 +61,7 @@ def lookup(name: str) -> Path | None:
     if len(text) > MAX_RECORD_BYTES or not os.path.isabs(folder) or "\0" in folder:
         raise IncompatiblePoolError(
             f"the registry record {record} of pool '{name}' is damaged: "
-            f"cortex cache destroy {name} forgets it"
+            f"kvcache destroy {name} forgets it"
         )
     return Path(folder)
 

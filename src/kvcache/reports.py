@@ -131,7 +131,7 @@ assert tuple(f.name for f in dataclasses.fields(TokenCounts)) == TOKEN_COUNTERS
 
 @dataclass(frozen=True)
 class Rates:
-    """What a pool did per second between two ``stats`` (``cortex cache status --watch``)."""
+    """What a pool did per second between two ``stats`` (``kvcache status --watch``)."""
 
     interval_s: float
     hits_per_s: float
@@ -244,6 +244,7 @@ class RemoteStats:
     dropped: int  # entries not written: the queue was full or the remote down
     errors: int  # failed calls
     damaged: int  # entries found damaged, torn or half evicted (a miss; deleted)
+    rejected: int  # records failing the pool's MAC, or replies no record gets (a miss)
     calls: int
     micros: int
 

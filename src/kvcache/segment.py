@@ -6,7 +6,7 @@ the folder), or ``FOLDER/kvcache.<name>`` for a pool created in another folder
 :func:`segment_path` is the one lookup. A name is one pool across all folders.
 ``multiprocessing.shared_memory`` is not used: its resource
 tracker unlinks segments when the creating process exits, and a pool must
-outlive ``cortex cache create``.
+outlive ``kvcache create``.
 
 Creation builds the whole segment under a hidden temporary name and then
 ``link()``s it to the final name, which fails if the name exists: other
@@ -418,11 +418,11 @@ def attach(name: str, trust: owners.Trust = owners.TRUST_SELF) -> Segment:
         if registry.lookup(name) is not None:
             raise PoolNotFoundError(
                 f"pool '{name}' is registered in {path.parent} but {path} is gone: "
-                f"cortex cache destroy {name} forgets it"
+                f"kvcache destroy {name} forgets it"
             ) from exc
         raise PoolNotFoundError(
-            f"no pool named '{name}': create it (cortex cache create {name} --size 1G) "
-            "or list pools (cortex cache list)"
+            f"no pool named '{name}': create it (kvcache create {name} --size 1G) "
+            "or list pools (kvcache list)"
         ) from exc
     except PermissionError as exc:
         raise NotOwnerError(
@@ -475,7 +475,7 @@ def unlink(name: str) -> None:
         if registry.lookup(name) is not None:
             registry.forget(name)  # the file went first: forgetting it is all that is left
             return
-        raise PoolNotFoundError(f"no pool named '{name}': see cortex cache list") from exc
+        raise PoolNotFoundError(f"no pool named '{name}': see kvcache list") from exc
     except PermissionError as exc:
         _refuse_if_not_owner(segment_path(name), f"destroy pool '{name}'", exc)
         raise

@@ -199,7 +199,7 @@ def checksum(
     beside the bytes. The same sum guards an entry in the pool and in a
     snapshot, so persist writes the pool's sum as it is and a damaged entry
     stays detectably damaged. xxh3 runs at several times memcpy speed (see the
-    README's figures).
+    docs/performance.md).
     """
     digest = xxhash.xxh3_64(RECORD_FIELDS.pack(flags, key_len, header_len, value_len))
     for view in views:

@@ -119,6 +119,8 @@ def format_size(num_bytes: int | float) -> str:
 def _split(text: str, what: str, examples: str) -> tuple[float, str]:
     if not isinstance(text, str):
         raise InvalidArgument(f"{what} must be text or a number, not {type(text).__name__}")
+    if text.lstrip().startswith("-"):
+        raise InvalidArgument(f"{what} {text!r} is negative: use e.g. {examples}")
     match = _NUMBER_WITH_UNIT.match(text)
     if match is None:
         raise InvalidArgument(f"{what} {text!r} is not understood: use e.g. {examples}")

@@ -93,5 +93,5 @@ def test_keys_in_redis_name_no_tokens(hosts, redis_server):
     pc_a.pool.remote.flush()
     for name in redis_server.client().keys("*"):
         assert name.startswith(b"kvcache:ns:{") and records.parts_of(
-            redis_server.client().get(name)
+            redis_server.client().get(name), 1 << 40
         )

@@ -1,4 +1,4 @@
-"""One function per ``cortex cache`` command: call the Python API, report the result.
+"""One function per ``kvcache`` command: call the Python API, report the result.
 
 Commands hold no pool logic of their own; everything they do is a public
 ``kvcache`` call. Each returns the JSON document for ``--json`` and prints
@@ -32,6 +32,7 @@ from ..units import format_size
 from .operations import metrics, stats, watch
 from .output import Output
 from .parser import trust_kwargs
+from .shell import completion, man
 from .simulating import simulate
 
 
@@ -108,6 +109,7 @@ def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         write_through=args.write_through,
         remote_timeout=args.remote_timeout,
         password_file=args.password_file,
+        remote_key_file=args.remote_key_file,
         access_log=args.access_log,
         access_log_size=args.access_log_size,
     ) as pool:
@@ -158,7 +160,7 @@ def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
             right=("SIZE", "USED", "ENTRIES", "HIT-RATE"),
         )
     else:
-        out.line("no pools: create one with cortex cache create NAME --size 1G")
+        out.line("no pools: create one with kvcache create NAME --size 1G")
     for doc in docs:
         if "error" in doc:
             out.line(f"- {doc['error']}")
@@ -210,7 +212,7 @@ def _recorded_path(name: str) -> Path | None:
 def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.name is None:
         if args.watch:
-            raise InvalidArgument("--watch needs a pool: cortex cache status NAME --watch")
+            raise InvalidArgument("--watch needs a pool: kvcache status NAME --watch")
         return list_pools(args, out)
     if args.watch:
         return watch(args, out)
@@ -383,8 +385,7 @@ def health(args: argparse.Namespace, out: Output) -> dict[str, object]:
     }
     if after:
         out.line(
-            f"pool '{args.name}' has {len(after)} problems: "
-            f"run cortex cache health {args.name} --repair"
+            f"pool '{args.name}' has {len(after)} problems: run kvcache health {args.name} --repair"
         )
         out.document(doc)
         raise Unhealthy
@@ -522,6 +523,8 @@ COMMANDS = {
     "delete": destroy,
     "access-log": access_log,
     "policies": policies,
+    "completion": completion,
+    "man": man,
     "simulate": simulate,
     "metrics": metrics,
     "stats": stats,

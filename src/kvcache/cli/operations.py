@@ -20,7 +20,7 @@ from .output import Output
 from .parser import trust_kwargs
 
 NEEDS_PROMETHEUS = (
-    "cortex cache metrics needs the prometheus_client package: pip install 'kvcache[metrics]'"
+    "kvcache metrics needs the prometheus_client package: pip install 'kvcache[metrics]'"
 )
 WATCH_COLUMNS = (
     "TIME",
@@ -48,20 +48,37 @@ def metrics(args: argparse.Namespace, out: Output) -> dict[str, object]:
     if args.textfile is not None:
         exporter.write_textfile(args.textfile, **trust)
         return {"textfile": args.textfile}
+    if out.as_json:
+        return {"metrics": _families(exporter.registry(**trust))}
     if args.serve is None:
         sys.stdout.write(exporter.exposition(**trust))
         return {}
     host, port = exporter.parse_address(args.serve)
     server = exporter.Server(host, port, **trust)
-    shown = f"[{server.host}]" if ":" in server.host else server.host
-    print(f"serving http://{shown}:{server.port}/metrics (Ctrl-C stops)", flush=True)
-    try:
+    try:  # from here a signal is the way to stop, even one sent on seeing the line below
+        shown = f"[{server.host}]" if ":" in server.host else server.host
+        print(f"serving http://{shown}:{server.port}/metrics (Ctrl-C or SIGTERM stops)", flush=True)
         server.wait()
     except KeyboardInterrupt:
         pass
     finally:
         server.close()
     return {}
+
+
+def _families(registry: Any) -> list[dict[str, object]]:
+    """``metrics --json``: each metric family of the exposition, with its samples."""
+    return [
+        {
+            "name": family.name,
+            "type": family.type,
+            "help": family.documentation,
+            "samples": [
+                {"name": s.name, "labels": s.labels, "value": s.value} for s in family.samples
+            ],
+        }
+        for family in registry.collect()
+    ]
 
 
 def stats(args: argparse.Namespace, out: Output) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""The ``cortex cache`` argument grammar: every command, its options and an example."""
+"""The command line's grammar: every command, its options and an example."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from ..pool import ENTRY_SORTS
 from ..simulate import DEFAULT_CAPACITIES, DEFAULT_PREFILL_TOKENS_PER_S
 from ..simulate.traces import MOONCAKE_BLOCK_TOKENS
 
+SHELLS = ("bash", "zsh", "tcsh")
+"""The shells ``completion`` writes scripts for (those shtab supports)."""
+
 VERSION = f"kvcache {__version__}"
-"""What ``cortex --version`` and ``cortex cache --version`` print."""
+"""What ``kvcache --version`` (and ``cortex --version``) print."""
 
 
 class UsageError(Exception):
-    """A command line that does not parse; reported in one line, exit code 1."""
+    """A command line that does not parse; reported in one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,6 +82,13 @@ def _remote(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--password-file", metavar="FILE", help="with --remote: a file holding its password"
     )
+    p.add_argument(
+        "--remote-key-file",
+        metavar="FILE",
+        help="with --remote: a file holding the key (e.g. `openssl rand -hex 32`) that signs "
+        "every record; hosts sharing the namespace use the same key, and a record that "
+        "fails it is never served",
+    )
 
 
 def trust_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,17 +110,20 @@ def _trust(parser: argparse.ArgumentParser) -> None:
 
 
 def build(prog: str) -> argparse.ArgumentParser:
-    """The parser for the ``cache`` group, invoked as ``prog`` (``cortex cache``)."""
+    """The parser of every command, invoked as ``prog`` (``kvcache``, ``kvcache``).
+
+    The examples in ``--help`` are written with ``prog``, so each spelling shows its own.
+    """
     root = _Parser(
         prog=prog,
         description="Manage kvcache pools: LLM KV caches in shared memory.",
-        epilog="example:\n  cortex cache create llama-cache --size 16G",
+        epilog=f"example:\n  {prog} create llama-cache --size 16G",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     root.add_argument("--version", action="version", version=VERSION)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    e = "cortex cache"
+    e = prog
 
     p = _command(
         sub, "create", "create a pool", f"{e} create llama-cache --size 16G --prefix-cache"
@@ -241,6 +254,11 @@ def build(prog: str) -> argparse.ArgumentParser:
         metavar="PATH",
         help="write them to PATH atomically, for node_exporter's textfile collector",
     )
+    where.add_argument(
+        "--json",
+        action="store_true",
+        help="print them once as one JSON document (for scripts)",
+    )
     p.add_argument(
         "--pool",
         action="append",
@@ -347,6 +365,16 @@ def build(prog: str) -> argparse.ArgumentParser:
 
     p = _command(
         sub,
+        "completion",
+        "print the shell completion script of kvcache (bash, zsh or tcsh)",
+        f"{e} completion bash > ~/.local/share/bash-completion/completions/kvcache",
+    )
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete kvcache's commands in")
+
+    p = _command(sub, "man", "print kvcache's manual page (roff)", f"{e} man | man -l -")
+
+    p = _command(
+        sub,
         "simulate",
         "replay a request trace per policy and pool size: which policy, how big a pool",
         f"{e} simulate trace.jsonl --capacity 1%,5%,10% --policy all --plot hits.png",
@@ -354,7 +382,7 @@ def build(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "trace",
         help="a Mooncake JSONL trace (one request per line with hash_ids), or a pool's "
-        "access log (create --access-log)",
+        "access log (create --access-log); - reads it from stdin",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(

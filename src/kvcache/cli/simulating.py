@@ -1,4 +1,4 @@
-"""``cortex cache simulate``: replay a trace per policy and capacity, with OPT as the ceiling."""
+"""``kvcache simulate``: replay a trace per policy and capacity, with OPT as the ceiling."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ Keys name the model, the context settings a state depends on and the tokens:
   context's settings -- n_ctx, n_batch, KV element types, flash attention,
   RoPE and YaRN scaling, logits_all, LoRA -- and the llama-cpp-python
   version, whose state format is llama.cpp's own;
-- ``model_id`` alone, as the issue's example: every process that uses the
+- ``model_id`` alone, naming the model yourself: every process that uses the
   id must build its ``Llama`` with the same settings (the cache cannot see
   them), and states keep their logits, as llama-cpp-python's own caches do.
 

@@ -1,7 +1,7 @@
 """Prefix: for PrefixCache pools; a chunk goes with its prefix, and only chunks asked for
 more often than what they would evict get in.
 
-Three facts about prompt traffic drive it (README, "Choosing a policy"):
+Three facts about prompt traffic drive it (docs/simulate.md, "Choosing a policy"):
 
 - A chunk is reachable only through its parent, so a chunk whose ancestor is
   gone only takes room: the pool keeps the chunk tree (``kvcache.tree``),

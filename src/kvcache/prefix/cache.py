@@ -86,12 +86,17 @@ class PrefixCache:
 
         Its policy defaults to ``prefix`` (``kvcache.create``'s default, ``lru``,
         is for pools of other values): it knows each chunk's parent and admits
-        new chunks by how often they were asked for (README, "Choosing a policy").
+        new chunks by how often they were asked for (docs/simulate.md, "Choosing a policy").
 
         Args:
-            name, size, options: as ``kvcache.create`` takes them (``page_size``,
+            name: the pool's name, as ``kvcache.create`` takes it.
+            size: the pool's size, as ``kvcache.create`` takes it.
+            model: as the constructor takes it.
+            layout: as the constructor takes it.
+            chunk_tokens: as the constructor takes it.
+            salt: as the constructor takes it.
+            **options: the rest of ``kvcache.create``'s options (``page_size``,
                 ``prealloc``, ``spill_to``, ...).
-            model, layout, chunk_tokens, salt: as the constructor takes them.
 
         Raises:
             PoolExistsError: a pool of that name exists (``kvcache.open`` it and
@@ -200,7 +205,8 @@ class PrefixCache:
                 (keys, values) pair per layer, each (kv_heads, tokens, head_dim)
                 or (1, kv_heads, tokens, head_dim). It may cover more tokens
                 than ``token_ids``; the extra ones are ignored.
-            priority, ttl: passed to :meth:`Pool.put` for every chunk.
+            priority: passed to :meth:`Pool.put` for every chunk.
+            ttl: passed to :meth:`Pool.put` for every chunk.
             first_token: ``kv`` starts at this token of ``token_ids`` (a multiple
                 of chunk_tokens): the chunks before it are already cached, so KV
                 on a GPU need only copy the rest to the host. If one of them is

@@ -1,13 +1,17 @@
 """The remote tier at run time: bounded calls, marked down on failure, and a writer thread.
 
-Every call to Redis is bounded by the spec's timeout and made through
-``RemoteLink.call``: a failure of any kind (refused, timed out, an error
-answer such as OOM or LOADING, a dropped connection) is logged once as a
-warning, counted, and marks the remote *down*; while it is down every call
-returns its default at once (a miss, "not there", "not written"), and it is
-tried again after a backoff that doubles from ``FIRST_BACKOFF_S`` up to
-``MAX_BACKOFF_S``. A caller never sees an exception from the remote and never
-waits longer than one timeout for it.
+Every call to Redis is made through ``RemoteLink.call``, with a deadline for
+the whole call (``deadlines``): the spec's timeout, plus time for the bytes a
+read knows it asks for at ``MIN_RATE_BYTES_S``. A failure of any kind (refused,
+timed out, an error answer such as OOM or LOADING, a dropped connection, a
+service on the port that is not Redis) is logged once as a warning, counted,
+and marks the remote *down*; while it is down every call returns its default
+at once (a miss, "not there", "not written"), and it is tried again after a
+backoff that doubles from ``FIRST_BACKOFF_S`` up to ``MAX_BACKOFF_S``. A reply
+that is wrong for one key only (a key of another type, ``WRONGTYPE``; a record
+that fails the pool's MAC) is a miss for that key, counted as *rejected*, and
+the tier stays up. A caller never sees an exception from the remote and never
+waits past the deadline for it.
 
 Writes (entries demoted or written through, and deletes) never wait for the
 network: they are queued and a daemon thread sends them, in order, in
@@ -19,6 +23,7 @@ thread gets ``EXIT_FLUSH_S`` to send what is queued.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import threading
@@ -31,7 +36,8 @@ from typing import Any, TypeVar
 
 from ..errors import KVCacheError
 from . import records
-from .urls import RemoteSpec, connect, failures
+from .deadlines import Watchdog
+from .urls import RemoteSpec, connect
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -42,6 +48,9 @@ MAX_PENDING_BYTES = 256 << 20
 EXIT_FLUSH_S = 2.0
 BATCH_BYTES = 8 << 20
 """A writer's pipeline is sent once it holds this much (or the queue is empty)."""
+MIN_RATE_BYTES_S = 100 << 20
+"""A read of parts whose sizes a head declared may take this long per byte beyond the
+timeout (a 64 MiB part: 0.64 s more), so a big value is not cut off on a slow LAN."""
 SETTLE_S = 0.25
 """Counts are added up in the process and written to the pool's header at most this often
 (and at every flush and ``Pool.remote_stats``): writing them per call took the pool's lock
@@ -67,9 +76,31 @@ class _Delete:
 class RemoteLink:
     """One process's connection to a pool's remote tier (shared by the pools of its chain)."""
 
-    def __init__(self, spec: RemoteSpec, count: Counter, *, part_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: RemoteSpec,
+        count: Counter,
+        *,
+        max_entry_bytes: int,
+        part_bytes: int | None = None,
+    ) -> None:
+        """
+        Args:
+            spec: where the remote is and how to reach it.
+            count: adds to the counters of the pool that names the remote.
+            max_entry_bytes: the most bytes a record may declare (what the pool
+                could store): a head that claims more is not read further.
+            part_bytes: the size of a record's parts (tests make it small).
+        """
         self.spec = spec
+        self.max_entry_bytes = max_entry_bytes
         self.part_bytes = part_bytes or records.DEFAULT_PART_BYTES
+        self._mac_key: bytes | None = None
+        self._key_loaded = False
+        self._watchdog = Watchdog("kvcache-remote-deadlines")
+        # clients a deadline cut, and why: every call that then fails on one (the late
+        # call, and calls of other threads sharing its sockets) reports the timeout
+        self._cut_why: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._to_header = count
         self._counts: dict[str, int] = {}
         self._counts_lock = threading.Lock()
@@ -114,16 +145,26 @@ class RemoteLink:
     def is_down(self) -> bool:
         return self.problem is not None
 
-    def call(self, action: Callable[[Any], T], default: T) -> T:
-        """``action(client)``, or ``default`` if the remote is down or the call fails."""
+    def call(self, action: Callable[[Any], T], default: T, *, extra_bytes: int = 0) -> T:
+        """``action(client)``, or ``default`` if the remote is down or the call fails or
+        outlives its deadline (the timeout, plus ``extra_bytes`` at ``MIN_RATE_BYTES_S``)."""
         client = self._usable_client()
         if client is None:
             return default
         started = time.perf_counter()
+        deadline_s = self.spec.timeout_s + extra_bytes / MIN_RATE_BYTES_S
+
+        def interrupt() -> None:
+            self._cut_why[client] = f"Timeout: no whole answer within {deadline_s:.3g} s"
+            self._cut(client)
+
         try:
-            result = action(client)
-        except self._errors as exc:
-            self._fail(exc)
+            with self._watchdog.deadline(deadline_s, interrupt):
+                result = action(client)
+        except Exception as exc:  # anything a foreign service on the port makes redis-py raise
+            # a read whose socket a deadline shut (its own, or a call beside it): say why
+            why = self._cut_why.get(client)
+            self._fail(exc if why is None else TimeoutError(why), client)
             return default
         self._count({"calls": 1, "micros": int((time.perf_counter() - started) * 1e6)})
         if self.problem is not None:
@@ -138,23 +179,44 @@ class RemoteLink:
                 return None
             if self._client is not None:
                 return self._client
-        try:
-            errors = failures()
-            client = connect(self.spec)  # a Cluster client asks its nodes for the slot map
-        except KVCacheError as exc:  # redis-py missing, the password file unreadable
-            self._fail(exc)
+        if not self._load_key():
             return None
-        except errors as exc:
+        try:
+            client = connect(self.spec)  # a Cluster client asks its nodes for the slot map
+        except Exception as exc:  # redis-py missing, a password file unreadable, ...
             self._fail(exc)
             return None
         with self._guard:
-            self._errors = errors
             if self._client is None:
                 self._client = client
             return self._client
 
-    def _fail(self, exc: BaseException) -> None:
+    def _load_key(self) -> bool:
+        """Read the key that signs records, once; False (the remote down) if it cannot be."""
+        if self._key_loaded:
+            return True
+        try:
+            key = self.spec.key()
+        except KVCacheError as exc:
+            self._fail(exc)
+            return False
         with self._guard:
+            self._mac_key, self._key_loaded = key, True
+        return True
+
+    def _cut(self, client: Any) -> None:
+        """Shut the client's sockets: a read blocked in it fails now (its deadline passed)."""
+        with contextlib.suppress(Exception):
+            if hasattr(client, "connection_pool"):
+                client.connection_pool.disconnect()
+            else:  # a Cluster client: a pool per node
+                client.close()
+
+    def _fail(self, exc: BaseException, client: Any = None) -> None:
+        with self._guard:
+            if client is not None and client is self._client:
+                self._client = None  # a fresh one next time: this one may be half-read or cut
+                self._cut(client)
             first = self.problem is None
             self.problem = f"{type(exc).__name__}: {exc}"
             self._retry_at = time.monotonic() + self._backoff
@@ -185,41 +247,55 @@ class RemoteLink:
         if not keys:
             return []
         names = [records.key_name(self.spec.namespace, key) for key in keys]
-
-        def read(client: Any) -> list[list[bytes | None]]:
-            pipe = client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            heads: list[bytes | None] = pipe.execute()
-            split = [(i, records.parts_of(h)) for i, h in enumerate(heads) if h is not None]
-            split = [(i, n) for i, n in split if n > 1]
-            found: list[list[bytes | None]] = [[head] for head in heads]
-            if split:
-                # GETs, not MGET: a Cluster pipeline refuses MGET. Parts read apart may mix
-                # two writers' values; the checksum over all parts then makes it a miss.
-                pipe = client.pipeline(transaction=False)
-                for i, n in split:
-                    for part in records.part_names(names[i], n):
-                        pipe.get(part)
-                rest = iter(pipe.execute())
-                for i, n in split:
-                    found[i].extend(next(rest) for _ in range(n - 1))
-            return found
-
-        found = self.call(read, None)
-        if found is None:
+        limit = self.max_entry_bytes
+        heads = self.call(lambda client: _get_all(client, names), None)
+        if heads is None:
             return [None] * len(keys)
+        split = [(i, records.parts_of(head, limit)) for i, head in enumerate(heads)]
+        split = [(i, n) for i, n in split if n > 1]
+        found: list[list[object]] = [[head] for head in heads]
+        if split:
+            # GETs, not MGET: a Cluster pipeline refuses MGET. Parts read apart may mix
+            # two writers' values; the checksum over all parts then makes it a miss.
+            rest_names = [part for i, n in split for part in records.part_names(names[i], n)]
+            declared = sum(min(limit, (n - 1) * self.part_bytes) for _, n in split)
+            rest = self.call(
+                lambda client: _get_all(client, rest_names), None, extra_bytes=declared
+            )
+            if rest is None:
+                return [None] * len(keys)
+            parts = iter(rest)
+            for i, n in split:
+                found[i].extend(next(parts) for _ in range(n - 1))
+        return self._decoded(keys, found)
+
+    def _decoded(
+        self, keys: Sequence[bytes], found: list[list[object]]
+    ) -> list[records.Decoded | None]:
+        """Verify what a fetch found: damaged records are deleted, rejected ones left."""
         decoded: list[records.Decoded | None] = []
+        faults = {fault: 0 for fault in records.Fault}
         received = 0
         for key, parts in zip(keys, found, strict=True):
-            entry = records.decode(key, parts)
-            if entry is None and parts[0] is not None:
-                self.delete(key)  # damaged, torn or half evicted: never served, removed
-                self._count({"damaged": 1})
-            received += sum(len(part) for part in parts if part is not None)
-            decoded.append(entry)
+            verdict = records.decode(
+                key, parts, max_bytes=self.max_entry_bytes, mac_key=self._mac_key
+            )
+            if isinstance(verdict, records.Fault):
+                faults[verdict] += 1
+                if verdict is records.Fault.DAMAGED:
+                    self.delete(key)  # ours, but torn or half evicted: never served, removed
+            received += sum(len(part) for part in parts if isinstance(part, bytes))
+            decoded.append(None if isinstance(verdict, records.Fault) else verdict)
         hits = sum(entry is not None for entry in decoded)
-        self._count({"hits": hits, "misses": len(keys) - hits, "bytes_in": received})
+        self._count(
+            {
+                "hits": hits,
+                "misses": len(keys) - hits,
+                "bytes_in": received,
+                "damaged": faults[records.Fault.DAMAGED],
+                "rejected": faults[records.Fault.REJECTED],
+            }
+        )
         return decoded
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
@@ -232,7 +308,7 @@ class RemoteLink:
             pipe = client.pipeline(transaction=False)
             for name in names:
                 pipe.exists(name)
-            return [bool(n) for n in pipe.execute()]
+            return [n is True or (type(n) is int and n > 0) for n in pipe.execute()]
 
         return self.call(probe, [False] * len(keys))
 
@@ -249,10 +325,10 @@ class RemoteLink:
         if self.problem is not None and time.monotonic() < self._retry_at:
             self._count({"dropped": 1})
             return None
-        if self._pending_bytes + entry.num_bytes > MAX_PENDING_BYTES:
+        if self._pending_bytes + entry.num_bytes > MAX_PENDING_BYTES or not self._load_key():
             self._count({"dropped": 1})
             return None
-        return records.encode(entry, views, self.part_bytes)
+        return records.encode(entry, views, self.part_bytes, self._mac_key)
 
     def send(self, entry: records.StoredEntry, encoded: records.Encoded) -> bool:
         """Queue ``encoded`` (from :meth:`encode`) to be written under ``entry``'s key."""
@@ -304,7 +380,11 @@ class RemoteLink:
                     item = self._queue.popleft()
                     batch.append(item)
                     size += item.encoded.num_bytes if isinstance(item, _Put) else 0
-            sent = self.call(lambda client, b=batch: _send(client, b), None)  # type: ignore[misc]
+            sent = self.call(
+                lambda client, b=batch: _send(client, b, self.max_entry_bytes),  # type: ignore[misc]
+                None,
+                extra_bytes=size,
+            )
             # counted before flush() may return: a caller that flushed sees its writes counted
             if sent is None:
                 self._count({"dropped": sum(isinstance(i, _Put) for i in batch)})
@@ -323,7 +403,23 @@ class RemoteLink:
             self._wake.notify_all()
 
 
-def _send(client: Any, batch: list[_Put | _Delete]) -> int:
+def _get_all(client: Any, names: list[str]) -> list[object]:
+    """GET each name in one pipeline. A key of another type answers WRONGTYPE, which
+    is that key's reply (a miss for it), not the call's failure; any other error
+    answer (NOAUTH, LOADING, OOM) fails the call."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+    replies: list[object] = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
+    if len(replies) != len(names):
+        raise ValueError(f"{len(replies)} replies to {len(names)} GETs")
+    return replies
+
+
+def _send(client: Any, batch: list[_Put | _Delete], max_entry_bytes: int) -> int:
     """Write ``batch`` in order, in runs of puts and runs of deletes; the puts sent."""
     puts = 0
     i = 0
@@ -337,7 +433,7 @@ def _send(client: Any, batch: list[_Put | _Delete]) -> int:
             _send_puts(client, run)  # type: ignore[arg-type]
             puts += len(run)
         else:
-            _send_deletes(client, [item.name for item in run])
+            _send_deletes(client, [item.name for item in run], max_entry_bytes)
         i = j
     return puts
 
@@ -362,14 +458,14 @@ def _send_puts(client: Any, puts: list[_Put]) -> None:
     pipe.execute()
 
 
-def _send_deletes(client: Any, names: list[str]) -> None:
+def _send_deletes(client: Any, names: list[str], max_entry_bytes: int) -> None:
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.getrange(name, 0, records.HEAD.size - 1)
-    heads = pipe.execute()
+    heads = pipe.execute(raise_on_error=False)  # WRONGTYPE: not ours, deleted alone
     pipe = client.pipeline(transaction=False)
     for name, head in zip(names, heads, strict=True):
-        pipe.delete(name, *records.part_names(name, records.parts_of(head or b"")))
+        pipe.delete(name, *records.part_names(name, records.parts_of(head, max_entry_bytes)))
     pipe.execute()
 
 

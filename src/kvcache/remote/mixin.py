@@ -22,6 +22,7 @@ from ..errors import KVCacheError, OutOfSharedMemoryError, PoolClosedError, Pool
 from ..keys import Key, encode_key
 from ..layout import REMOTE_COUNTERS, H
 from ..reports import RemoteStats
+from ..settings import read_settings
 from ..stored import StoredEntry
 from . import records
 from .link import RemoteLink
@@ -41,6 +42,7 @@ class RemoteMixin:
     _lock: Any
     _hq: Any
     _views: Any
+    _segment: Any
     _clock: Callable[[], float]
     name: str
 
@@ -73,9 +75,9 @@ class RemoteMixin:
         pool names no remote."""
         if self._remote is not None:
             self._remote.settle()
+        elif read_settings(self._segment.path, self.name).remote is None:
+            return None
         with self._lock:
-            if not self._views.header["remote_url"].item():
-                return None
             return {name: int(self._hq[word]) for name, word in _WORDS.items()}
 
     def count_present(self, keys: Sequence[Key]) -> int:

@@ -16,6 +16,7 @@ def remote_spec(
     write_through: bool,
     timeout: str | float | None,
     password_file: str | os.PathLike[str] | None,
+    key_file: str | os.PathLike[str] | None = None,
 ) -> RemoteSpec | None:
     """``create``'s remote arguments as a spec; None without ``url``.
 
@@ -24,10 +25,16 @@ def remote_spec(
             or a bad URL, namespace, timeout or password file.
     """
     if url is None:
-        if namespace is not None or write_through or timeout is not None or password_file:
+        if (
+            namespace is not None
+            or write_through
+            or timeout is not None
+            or password_file
+            or key_file
+        ):
             raise InvalidArgument(
-                "--namespace, --write-through, --remote-timeout and --password-file "
-                "need --remote URL"
+                "--namespace, --write-through, --remote-timeout, --password-file and "
+                "--remote-key-file need --remote URL"
             )
         return None
     if namespace is None:
@@ -35,12 +42,16 @@ def remote_spec(
             "a remote needs --namespace NAME: hosts that share prefixes use the same one"
         )
     seconds = DEFAULT_TIMEOUT_S if timeout is None else parse_duration(timeout, what="timeout")
-    file = ""
-    if password_file is not None:
-        file = os.path.abspath(os.fspath(password_file))
-        if not os.path.isfile(file):
-            raise InvalidArgument(f"password file {file} does not exist: create it (mode 0600)")
-    return RemoteSpec(url, namespace, write_through, seconds, file)
+    spec = RemoteSpec(
+        url, namespace, write_through, seconds, _absolute(password_file), _absolute(key_file)
+    )
+    spec.password()  # both read now: a typo or a planted file is an error here, not later
+    spec.key()
+    return spec
+
+
+def _absolute(path: str | os.PathLike[str] | None) -> str:
+    return "" if path is None else os.path.abspath(os.fspath(path))
 
 
 def check_reachable(spec: RemoteSpec) -> None:
@@ -67,6 +78,11 @@ def check_reachable(spec: RemoteSpec) -> None:
         raise RemoteError(
             f"cannot reach remote {spec.url} within {spec.timeout_s:g} s ({exc}): "
             "check the URL and that the server runs (or raise --remote-timeout)"
+        ) from None
+    except Exception as exc:  # redis-py failing on replies Redis never sends
+        raise RemoteError(
+            f"remote {spec.url} answered as no Redis or Valkey server does "
+            f"({type(exc).__name__}: {exc}): it is not a Redis server; check the URL's port"
         ) from None
     finally:
         if client is not None:

@@ -13,8 +13,10 @@ private certificate authority and of a client certificate:
 without them the system's authorities are trusted. A user name may be given in the
 URL (Redis ACLs); a password never is: command lines are visible to every
 user in ``ps``. It comes from ``$KVCACHE_REDIS_PASSWORD``, or from a file
-whose path the pool records (``password_file``, read by every process that
-opens the pool, so it should be readable by its user only).
+named in the pool's settings (``password_file``; ``kvcache.settings`` says whose
+settings a process follows). Those files, the TLS files and the key file are
+opened as :mod:`kvcache.safepath` opens files (the caller's own or root's, no
+planted symlinks, never a FIFO).
 
 redis-py is imported here, and only when a client is made: the core of
 kvcache never needs it (``pip install 'kvcache[redis]'``).
@@ -25,11 +27,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from ..errors import DependencyError, InvalidArgument
+from ..safepath import open_given
 
 PASSWORD_ENV = "KVCACHE_REDIS_PASSWORD"
 DEFAULT_TIMEOUT_S = 0.25
@@ -63,6 +65,9 @@ class RemoteSpec:
             see it at once), not only what the local tiers evict.
         timeout_s: a call slower than this marks the remote down.
         password_file: a file holding the password; "" = ``$KVCACHE_REDIS_PASSWORD``.
+        key_file: a file holding the key that signs every record (``records``); ""
+            = records are not signed, and whoever may write the namespace decides
+            what every host reads.
     """
 
     url: str
@@ -70,6 +75,7 @@ class RemoteSpec:
     write_through: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
     password_file: str = ""
+    key_file: str = ""
 
     def __post_init__(self) -> None:
         check_url(self.url)
@@ -87,13 +93,53 @@ class RemoteSpec:
         """The password: from ``password_file`` if set, else the environment, else none."""
         if not self.password_file:
             return os.environ.get(PASSWORD_ENV) or None
+        raw = read_secret(self.password_file, "password file", "--password-file")
+        return raw.decode("utf-8", "replace").strip() or None
+
+    def key(self) -> bytes | None:
+        """The key that signs records, or None when records are not signed.
+
+        Raises:
+            InvalidArgument: the key file cannot be read, or holds under 16 bytes of key.
+        """
+        if not self.key_file:
+            return None
+        text = read_secret(self.key_file, "key file", "--remote-key-file").strip()
         try:
-            return Path(self.password_file).read_text().strip() or None
-        except OSError as exc:
+            key = bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            key = text  # not hex: the bytes themselves
+        if len(key) < MIN_KEY_BYTES:
             raise InvalidArgument(
-                f"cannot read the remote's password file {self.password_file}: "
-                f"{exc.strerror}; fix it or create the pool again with another --password-file"
-            ) from None
+                f"the remote's key file {self.key_file} holds {len(key)} bytes of key, under "
+                f"{MIN_KEY_BYTES}: write one with `openssl rand -hex 32 > {self.key_file}`"
+            )
+        return key[:MAX_KEY_BYTES]
+
+
+MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 64  # BLAKE2b's longest key
+MAX_SECRET_BYTES = 4096
+
+
+def read_secret(path: str, what: str, option: str) -> bytes:
+    """The bytes of a small file of secrets, opened safely (see :mod:`kvcache.safepath`).
+
+    Raises:
+        InvalidArgument: it cannot be read, is not a regular file of this user or root,
+            or is reachable through a folder another user controls.
+    """
+    try:
+        fd = open_given(path, what=f"remote's {what}")
+        try:
+            return os.read(fd, MAX_SECRET_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"cannot read the remote's {what} {path}: {exc.strerror or exc}; "
+            f"fix it or give another {option}"
+        ) from None
 
 
 def check_url(url: str) -> str:
@@ -204,6 +250,9 @@ def connect(spec: RemoteSpec) -> Any:
 
     parts = urlsplit(spec.url)
     scheme, _ = _SCHEMES[parts.scheme]
+    for option, path in _options(parts).items():
+        if option in TLS_FILES:  # redis-py opens them by path: refuse a planted one first
+            read_secret(path, f"TLS file ({option})", "URL")
     options: dict[str, Any] = {
         "password": spec.password(),
         "socket_timeout": spec.timeout_s,

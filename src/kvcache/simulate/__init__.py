@@ -1,6 +1,6 @@
 """Capacity planning: replay a request trace through the real engine, per policy and size.
 
-``cortex cache simulate TRACE`` answers an operator's question (how big should
+``kvcache simulate TRACE`` answers an operator's question (how big should
 my pool be, and which policy?) by replaying a serving trace through scratch
 pools, one per policy and capacity, beside Belady's OPT as the ceiling.
 
@@ -9,6 +9,7 @@ pools, one per policy and capacity, beside Belady's OPT as the ceiling.
 - ``optimal`` Belady's OPT, the most any policy could reuse at a capacity
 - ``outcome`` block hits, prefix-hit tokens and evictions of one run
 - ``plan``    capacities and policies asked for, the runs, run in processes
+- ``workers`` the processes that run them, which die with the one that started them
 """
 
 from .optimal import replay_optimal
@@ -17,20 +18,24 @@ from .plan import (
     DEFAULT_CAPACITIES,
     OPTIMAL,
     Run,
+    SimulationError,
     capacities_in_blocks,
     execute,
     policies_named,
     runs_for,
 )
 from .replay import replay_pool
-from .traces import Trace, TraceError, read_trace
+from .traces import MAX_LINE_BYTES, MAX_NESTING, Trace, TraceError, read_trace
 
 __all__ = [
     "DEFAULT_CAPACITIES",
     "DEFAULT_PREFILL_TOKENS_PER_S",
+    "MAX_LINE_BYTES",
+    "MAX_NESTING",
     "OPTIMAL",
     "Outcome",
     "Run",
+    "SimulationError",
     "Trace",
     "TraceError",
     "capacities_in_blocks",

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, KVCacheError
 from ..policies import POLICIES, get_policy
 from ..units import parse_size
 from .optimal import replay_optimal
 from .outcome import Outcome
 from .replay import replay_pool
 from .traces import Trace
+from .workers import worker_pool
 
 DEFAULT_CAPACITIES = ("1%", "2%", "5%", "10%", "20%")
 OPTIMAL = "opt"
+
+
+class SimulationError(KVCacheError):
+    """A simulation that could not finish; the message says why and what to try."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,12 @@ def execute(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Outcome]:
     """Every run's outcome, in the order of ``runs``; ``jobs`` processes at a time
-    (default: one per CPU; 1 runs them here)."""
+    (default: one per CPU; 1 runs them here). The worker processes die with this one
+    (see ``workers``).
+
+    Raises:
+        SimulationError: a worker died (killed, out of memory) before its run ended.
+    """
     jobs = min(jobs or os.cpu_count() or 1, len(runs)) or 1
     outcomes: list[Outcome] = []
     if jobs == 1:
@@ -114,13 +125,19 @@ def execute(
     order = sorted(
         range(len(runs)), key=lambda i: (runs[i].policy == OPTIMAL, runs[i].capacity_blocks)
     )
-    with ProcessPoolExecutor(jobs, initializer=_keep, initargs=(trace,)) as workers:
-        futures = {workers.submit(_run_kept, runs[i]): i for i in order}
-        done: dict[int, Outcome] = {}
-        for future in as_completed(futures):
-            done[futures[future]] = future.result()
-            if progress:
-                progress(len(done), len(runs))
+    done: dict[int, Outcome] = {}
+    try:
+        with worker_pool(jobs, _keep, (trace,)) as workers:
+            futures = {workers.submit(_run_kept, runs[i]): i for i in order}
+            for future in as_completed(futures):
+                done[futures[future]] = future.result()
+                if progress:
+                    progress(len(done), len(runs))
+    except BrokenProcessPool:
+        raise SimulationError(
+            "a replay worker died before its run ended (killed, or out of memory?): "
+            "run again, with fewer --jobs if memory is short"
+        ) from None
     return [done[i] for i in range(len(runs))]
 
 

@@ -1,12 +1,18 @@
 """Replay a trace through the real engine: a scratch pool with the policy under test.
 
 The pool is built under a hidden name in ``/dev/shm`` and never published, so
-a simulation cannot touch (or even be listed beside) a live pool, and a
-simulation killed midway leaves a file the next ``create`` removes as
-abandoned. Each block is one entry filling one 1 KiB page (an 8-byte key and a
-1016-byte value), so the pool holds exactly ``capacity_blocks`` blocks
-whatever bytes the model's KV really takes: what a policy keeps depends on
-the count of equal blocks, not their size.
+a simulation cannot touch (or even be listed beside) a live pool. Its file is
+removed as soon as the pool is open: the replay needs only the mapping, and
+the kernel frees the memory when the mapping goes, however the process ends
+(SIGKILL included), so a killed simulation leaves nothing in ``/dev/shm``.
+(A process killed in the instant between creating the file and removing it
+leaves a hidden file whose build lease is free; the next ``create`` or
+listing removes it, see ``kvcache.builds``.)
+
+Each block is one entry filling one 1 KiB page (an 8-byte key and a 1016-byte
+value), so the pool holds exactly ``capacity_blocks`` blocks whatever bytes
+the model's KV really takes: what a policy keeps depends on the count of
+equal blocks, not their size.
 
 A request reads its blocks in order until the first miss (``get_into``: the
 cached leading run is what a prefix cache reuses), then stores every block
@@ -47,6 +53,7 @@ def replay_pool(
         eviction_samples=eviction_samples,
     )
     pool = create_from_config("simulate", config, rng=np.random.default_rng(0), hidden=True)
+    discard(pool)  # its memory lives on in the mapping until close, or this process's end
     try:
         started = time.perf_counter()
         reused, evictions = _replay(
@@ -58,7 +65,6 @@ def replay_pool(
         seconds = time.perf_counter() - started
     finally:
         pool.close()
-        discard(pool)
     return tally(trace, policy, capacity_blocks, reused, evictions, seconds)
 
 

@@ -19,22 +19,45 @@ bytes a block takes in a pool, for capacities given as sizes).
 A trace of millions of block reads is kept as numpy arrays, not Python
 objects: ``blocks`` holds every request's ids end to end and ``starts`` where
 each request begins.
+
+A trace is data from elsewhere, so reading one is bounded: only a regular
+file is read (a FIFO, a device such as ``/dev/zero`` or a folder is refused
+at once, without blocking: opened ``O_NONBLOCK``, then ``fstat``), unless the
+path is ``-`` for stdin, which the caller chose; a line is at most
+``MAX_LINE_BYTES`` (read with that limit, so a huge line is refused after
+reading the limit, never parsed) and nests at most ``MAX_NESTING`` levels
+(checked before ``json.loads``, whose recursion would otherwise end in a
+``RecursionError``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..safepath import UnsafePathError, open_given
 
 MOONCAKE_BLOCK_TOKENS = 512
 MAX_BLOCK_ID = (1 << 64) - 1
+MAX_LINE_BYTES = 4 << 20
+"""A request line holds one prompt's block ids: a million-token prompt in 16-token
+chunks is 65,536 ids of at most 20 digits, about 1.4 MB. A longer line is not a
+request, and 4 MiB of ids would already parse for about a second."""
+MAX_NESTING = 32
+"""A request nests 2 levels (an object holding a list); other fields are ignored but
+must still parse, and 32 levels leave room for any sane one."""
+STDIN = "-"
 
 
 class TraceError(InvalidArgument):
@@ -87,14 +110,17 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
     """Read a Mooncake JSONL trace, or a kvcache access log.
 
     Args:
+        path: the file, or ``-`` for stdin.
         block_tokens: tokens per block; default the trace's own (an access
             log's ``block_tokens``), else Mooncake's 512.
 
     Raises:
-        TraceError: no such file, a line that is not a request, an access log
-            of several chunk sizes, or no requests.
+        TraceError: no such file, not a regular file, a line that is not a
+            request (or too long or too deeply nested to be one), an access
+            log of several chunk sizes, or no requests.
     """
     path = Path(path)
+    shown = "stdin" if str(path) == STDIN else str(path)
     blocks: list[int] = []
     starts = [0]
     input_tokens: list[int] = []
@@ -102,21 +128,14 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
     requests: list[tuple[list[int], int | None, float]] = []
     sizes: set[int] = set()
     block_bytes: set[int] = set()
-    try:
-        lines = path.open("rb")
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    with lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            request = _parse_request(line, f"{path} line {number}", sizes, block_bytes)
-            if request is not None:
-                requests.append(request)
+    for where, line in _lines(path, shown):
+        request = _parse_request(line, where, sizes, block_bytes)
+        if request is not None:
+            requests.append(request)
     if block_tokens is None:
         if len(sizes) > 1:
             raise TraceError(
-                f"{path} logs chunks of {sorted(sizes)} tokens: simulate one prefix cache's "
+                f"{shown} logs chunks of {sorted(sizes)} tokens: simulate one prefix cache's "
                 "requests at a time (give --block-tokens to replay them as one size)"
             )
         block_tokens = sizes.pop() if sizes else MOONCAKE_BLOCK_TOKENS
@@ -127,10 +146,10 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
         timestamps.append(timestamp)
     if not input_tokens:
         raise TraceError(
-            f"{path} holds no requests: a trace has one JSON object per line with 'hash_ids'"
+            f"{shown} holds no requests: a trace has one JSON object per line with 'hash_ids'"
         )
     return Trace(
-        path.name,
+        Path(shown).name,
         np.array(blocks, dtype=np.uint64),
         np.array(starts, dtype=np.int64),
         np.array(input_tokens, dtype=np.int64),
@@ -138,6 +157,65 @@ def read_trace(path: str | os.PathLike[str], block_tokens: int | None = None) ->
         block_tokens,
         block_bytes.pop() if len(block_bytes) == 1 else None,
     )
+
+
+def _lines(path: Path, shown: str) -> Iterator[tuple[str, bytes]]:
+    """Each non-blank line of the trace with where it is (``FILE line N``), each checked
+    against ``MAX_LINE_BYTES`` and ``MAX_NESTING``."""
+    reading_stdin = str(path) == STDIN
+    stream = sys.stdin.buffer if reading_stdin else _open_regular(path)
+    with contextlib.nullcontext(stream) if reading_stdin else stream:  # stdin stays open
+        number = 0
+        while line := stream.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            where = f"{shown} line {number}"
+            if len(line) > MAX_LINE_BYTES:
+                raise TraceError(
+                    f"{where} is longer than {MAX_LINE_BYTES >> 20} MiB: a request is one "
+                    "prompt's block ids; is this a trace (one JSON object per line)?"
+                )
+            if line.strip():
+                _check_nesting(line, where)
+                yield where, line
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file reached through folders no
+    other user controls (:mod:`kvcache.safepath`); a FIFO or a device is refused without
+    waiting for a writer or reading a byte.
+
+    Raises:
+        TraceError: no such file, unreadable, not a regular file, or a path through a
+            folder or symlink another user could have changed.
+    """
+    try:
+        fd = open_given(path, any_owner=True, what="trace")
+    except UnsafePathError as exc:
+        raise TraceError(f"{exc}, or {STDIN} to read one from stdin") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+"""A JSON string, whose brackets are not nesting."""
+_OPENING = np.frombuffer(b"[{", dtype=np.uint8)
+_CLOSING = np.frombuffer(b"]}", dtype=np.uint8)
+
+
+def _check_nesting(line: bytes, where: str) -> None:
+    """Refuse a line nested deeper than ``MAX_NESTING``; a line with fewer brackets than
+    that (every request) is passed by two ``count``s, without a scan."""
+    if line.count(b"[") + line.count(b"{") <= MAX_NESTING:
+        return
+    structure = np.frombuffer(_STRING.sub(b"", line), dtype=np.uint8)
+    steps = np.isin(structure, _OPENING).astype(np.int32) - np.isin(structure, _CLOSING)
+    if steps.size and int(np.cumsum(steps).max()) > MAX_NESTING:
+        raise TraceError(
+            f"{where}: nested more than {MAX_NESTING} levels deep; a request is a JSON "
+            "object with a list of block ids"
+        )
 
 
 def _parse_request(

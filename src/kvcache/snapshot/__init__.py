@@ -45,6 +45,7 @@ from ..lifecycle import (
 from ..lifecycle import open as open_pool
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
+from ..settings import write_settings
 from ..stored import EntryRef, StoredEntry
 from ..units import parse_size
 from . import files
@@ -268,12 +269,14 @@ def restore_with_report(
             and replace a pool that other processes have open.
         prealloc: reserve all memory now rather than as pages are first used.
         progress: called with (bytes read, bytes to read).
-        trust_owner, trust_group: accept a snapshot file (and a pool to replace)
-            of another user (see :func:`kvcache.open`); by default only the
-            caller's own and root's are.
-        tier, folder: where the new pool's file goes (see :func:`kvcache.create`'s
-            ``tier`` and ``path``); default the folder of the disk pool it
-            replaces, else shared memory.
+        trust_owner: accept a snapshot file (and a pool to replace) of this
+            other user (see :func:`kvcache.open`); by default only the caller's
+            own and root's are.
+        trust_group: accept those whose group is one of the caller's.
+        tier: where the new pool's file goes (see :func:`kvcache.create`'s
+            ``tier``); default the tier of the pool it replaces, else cpu.
+        folder: the folder for it (``kvcache.create``'s ``path``); default the
+            folder of the disk pool it replaces, else shared memory.
         clock: wall clock, to leave out entries that expired meanwhile.
 
     Raises:
@@ -328,8 +331,6 @@ def restore_with_report(
             prealloc=prealloc,
             spill_to=link.spill_to or "",
             promote=link.promote,
-            remote=link.remote,
-            access_log=link.access_log,
             clock=clock,
             hidden=True,
             folder=target,
@@ -341,6 +342,7 @@ def restore_with_report(
             # (which every restored entry's clock values are within).
             builder.set_clock(snapshot_clock)
             publish(builder, replace=replace, force=force, **trust)
+            write_settings(builder._segment.path, link.settings, mode)
         except BaseException:
             discard(builder)
             raise

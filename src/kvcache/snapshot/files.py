@@ -26,6 +26,7 @@ from pathlib import Path
 from .. import builds
 from ..errors import SnapshotError
 from ..home import kvcache_home
+from ..safepath import UnsafePathError, check_folder
 
 SUFFIX = ".kvsnap"
 
@@ -48,7 +49,8 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
 
     Raises:
         SnapshotError: ``path`` is not a regular file (nor a symbolic link), the
-            folder cannot be created or written, or the disk is full; the
+            folder cannot be created or written, lies where another user could
+            change it (:mod:`kvcache.safepath`), or the disk is full; the
             previous file at ``path`` is untouched.
     """
     _refuse_special_file(path)
@@ -59,6 +61,10 @@ def write_atomically(path: Path, write: Callable[[int], None]) -> None:
         raise SnapshotError(
             f"cannot create folder {folder} ({exc.strerror}): pick another --path"
         ) from exc
+    try:  # another user's symlink on the way, or a folder they may swap files in
+        check_folder(folder, "snapshot folder")
+    except (UnsafePathError, OSError) as exc:
+        raise SnapshotError(f"cannot persist to {path}: {exc}; pick another --path") from None
     _remove_abandoned_temps(path)
     temp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:

@@ -31,7 +31,7 @@ def test_bad_settings_are_refused(extra: dict[str, object] | None, message: str)
 
 
 def test_a_missing_pool_without_a_size_is_an_error(pool_name: str) -> None:
-    with pytest.raises(PoolNotFoundError, match="cortex cache create"):
+    with pytest.raises(PoolNotFoundError, match="kvcache create"):
         ConnectorSettings(pool=pool_name).open_pool()
     assert pool_name not in kvcache.list_pools()
 

@@ -29,7 +29,7 @@ class ConnectorSettings:
     """What ``kv_connector_extra_config`` may hold.
 
     Attributes:
-        pool: the pool's name (``cortex cache create NAME ...``); required.
+        pool: the pool's name (``kvcache create NAME ...``); required.
         size: create the pool with this size (``"16G"``) if it does not exist;
             without it a missing pool is an error, so a typo in the name cannot
             quietly make a second pool.
@@ -51,7 +51,7 @@ class ConnectorSettings:
         if not isinstance(self.pool, str) or not self.pool:
             raise InvalidArgument(
                 'kv_connector_extra_config needs "pool": the name of a kvcache pool '
-                "(cortex cache create NAME --size 16G --prefix-cache)"
+                "(kvcache create NAME --size 16G --prefix-cache)"
             )
         whole_number(self.chunk_tokens, "chunk_tokens", low=1)
         if self.size is not None and not isinstance(self.size, (str, int)):
@@ -93,7 +93,7 @@ class ConnectorSettings:
         except PoolNotFoundError:
             if self.size is None:
                 raise PoolNotFoundError(
-                    f"no kvcache pool {self.pool!r}: create it (cortex cache create {self.pool} "
+                    f"no kvcache pool {self.pool!r}: create it (kvcache create {self.pool} "
                     '--size 16G --prefix-cache) or add "size" to kv_connector_extra_config'
                 ) from None
         try:
