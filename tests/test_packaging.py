@@ -31,6 +31,7 @@ EXTRAS_ONLY = {
     "kvcache.integrations.devices": "torch",
     "kvcache.integrations.llama_cpp": "llama-cpp-python",
     "kvcache.integrations.transformers": "torch, transformers",
+    "kvcache.integrations.vllm": "vllm (and its submodules, which the package imports first)",
     "kvcache.metrics": "prometheus_client",
     "kvcache.cli.llama_server": "rich",
 }

@@ -7,9 +7,12 @@
                     ``Llama`` states shared by every process on the machine
                     (needs ``pip install 'kvcache[llama-cpp]'``)
 - ``gguf_model``    writes a tiny random-weight Llama as GGUF (tests, benchmark)
+- ``vllm``          vLLM 0.32: ``KVCacheConnector``, a v1 KV connector that loads
+                    and stores prompt prefixes' KV in a pool (its own venv: vLLM
+                    pins its torch; see docs/vllm.md)
 
-Both engines' caches sit on ``kvcache.prefix``'s keys, namespaces and checks:
-transformers hands over KV per token, so it stores chunks (``PrefixCache``);
+The engines' caches sit on ``kvcache.prefix``'s keys, namespaces and checks:
+transformers and vLLM hand over KV per token, so they store chunks (``PrefixCache``);
 llama.cpp saves whole states, so it stores states found by prefix markers
 (``StateCache``).
 
