@@ -1,19 +1,36 @@
-"""A synthetic multi-turn conversation trace in the Mooncake JSONL format.
+"""Synthetic multi-turn conversation traces in the Mooncake JSONL format.
 
-A held-out check for eviction policies, whose traffic differs from the
-Mooncake trace's: sessions open on one of 30 system prompts (1-8 blocks,
-Zipf popularity), half of them with one of 300 shared documents (4-30
-blocks, Zipf), and each turn extends the session's previous prompt by 1-10
-blocks (the last answer and a new question), so a prompt's tail is reused by
-the next turn only. Up to 300 sessions are open at once and each request
-continues a random one (a new one a quarter of the time), so turns of a
-session are far apart. Block ids name their whole prefix, as Mooncake's do.
+Two families of shapes, for judging eviction policies on traffic they were
+not tuned on:
 
+``chat`` (``ChatShape``) looks like real prompt traffic: its defaults match the
+statistics of the Mooncake FAST'25 conversation trace (issue 32). Every
+request opens on one root block (the shared system prompt), three in four
+sessions then on one of 20 short system prompts, and a first turn's own text
+is long and log-normal (median 22 blocks, up to 246). Most sessions end after
+their first turn; one that goes on (a third, each turn) sends its previous
+prompt again without its last block, which was a partial block and changes
+once extended, plus a few new blocks (log-normal, median 3). So the new blocks
+of a first turn are read again about 28% of the time, those of later turns
+14-16%, and three in four blocks are read by one request only.
+
+``conversation`` (``Shape``) is the older, friendlier traffic: sessions open
+on one of 30 system prompts (1-8 blocks, Zipf popularity), half of them with
+one of 300 shared documents (4-30 blocks, Zipf), and each turn extends the
+session's previous prompt by 1-10 blocks, so 70-91% of a request's new
+blocks are read again. We keep it (and its variants) as further checks.
+
+In both, up to a few hundred sessions are open at once and each request
+continues a random one, so turns of a session are far apart. Block ids name
+their whole prefix, as Mooncake's do.
+
+    python benchmarks/conversation_trace.py --shape chat --requests 12000 --seed 1 > chat1.jsonl
     python benchmarks/conversation_trace.py --requests 4000 --seed 1 > conv1.jsonl
-    cortex cache simulate conv1.jsonl --policy lru,s3fifo,prefix
+    cortex cache simulate chat1.jsonl --policy lru,s3fifo,prefix
+    python benchmarks/conversation_trace.py --statistics chat1.jsonl
 
-Every number above is an option (``Shape``; ``--help`` lists them), for
-held-out variants of other shapes, e.g. retrieval-heavy traffic::
+Every number above is an option (``--help`` lists them), for held-out
+variants of other shapes, e.g. retrieval-heavy traffic::
 
     python benchmarks/conversation_trace.py --seed 3 --max-open-sessions 100 \
         --new-session-share 0.4 --document-share 0.8 --num-documents 1000 > conv3.jsonl
@@ -23,15 +40,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The traffic's parameters (the defaults made the README's seed 1 and 2 traces)."""
+    """The ``conversation`` traffic's parameters (the defaults made the README's seed 1 and 2
+    traces)."""
 
     num_system_prompts: int = 30
     num_documents: int = 300
@@ -90,16 +109,175 @@ def requests(num_requests: int, seed: int, shape: Shape = Shape()) -> Iterator[d
             sessions.pop(0)
 
 
+@dataclass(frozen=True)
+class ChatShape:
+    """The ``chat`` traffic's parameters; the defaults match the Mooncake conversation trace."""
+
+    num_system_prompts: int = 20  # after the root block every request shares
+    system_share: float = 0.75  # of sessions that add a system prompt (1-4 blocks, Zipf)
+    max_open_sessions: int = 400
+    new_session_share: float = 0.6  # of requests that open a session
+    first_continue_share: float = 0.31  # of first turns that the session follows with a second
+    continue_share: float = 0.16  # of later turns that the session follows with another
+    first_turn_median_blocks: float = 22.0  # a first turn's own text (log-normal)
+    turn_median_blocks: float = 12.0  # a later turn's new blocks (log-normal, at least 1)
+    length_sigma: float = 1.0  # of both log-normals
+    max_blocks: int = 246  # the longest prompt; a session that would grow past it ends
+    zipf_s: float = 1.1
+
+
+def _lognormal_blocks(rng: random.Random, median: float, sigma: float) -> int:
+    return max(1, round(rng.lognormvariate(math.log(median), sigma)))
+
+
+def chat_requests(
+    num_requests: int, seed: int, shape: ChatShape = ChatShape()
+) -> Iterator[dict[str, object]]:
+    """The ``chat`` trace's requests, one JSON-ready dict each.
+
+    A prompt's last block is partial: the next turn of its session replaces it
+    by a new (full) block with the same position, which is why later turns'
+    new blocks come back less often than first turns' (issue 32).
+    """
+    rng = random.Random(seed)
+    pick_system = zipf(rng, shape.num_system_prompts, shape.zipf_s)
+    system_blocks = [rng.randint(1, 4) for _ in range(shape.num_system_prompts)]
+    ids: dict[tuple[object, ...], int] = {}
+    sessions: list[dict] = []
+    for t in range(num_requests):
+        if not sessions or rng.random() < shape.new_session_share:
+            parts: list[tuple[object, ...]] = [("root",)]
+            if rng.random() < shape.system_share:
+                s = pick_system()
+                parts += [("sys", s, i) for i in range(system_blocks[s])]
+            median = shape.first_turn_median_blocks
+            session = {"parts": parts, "id": t, "turn": 0}
+            sessions.append(session)
+        else:
+            session = sessions[rng.randrange(len(sessions))]
+            session["parts"] = session["parts"][:-1]  # the partial tail, extended
+            median = shape.turn_median_blocks
+        session["turn"] += 1
+        at = len(session["parts"])
+        room = shape.max_blocks - at
+        num_blocks = min(room, _lognormal_blocks(rng, median, shape.length_sigma))
+        turn = [("turn", session["id"], session["turn"], j) for j in range(num_blocks)]
+        session["parts"] = session["parts"] + turn
+        prefix: tuple[object, ...] = ()
+        hash_ids = []
+        for part in session["parts"]:
+            prefix = (*prefix, part)
+            hash_ids.append(ids.setdefault(prefix, len(ids)))
+        yield {
+            "timestamp": t * 100,
+            "input_length": len(hash_ids) * 512 - rng.randint(1, 511),  # the last block is partial
+            "output_length": 100,
+            "hash_ids": hash_ids,
+            "turn": session["turn"],  # for statistics(); trace readers skip it
+        }
+        goes_on = shape.first_continue_share if session["turn"] == 1 else shape.continue_share
+        if rng.random() >= goes_on or len(hash_ids) >= shape.max_blocks:
+            sessions.remove(session)
+        elif len(sessions) > shape.max_open_sessions:
+            sessions.pop(0)
+
+
+SHAPES = {"chat": ChatShape, "conversation": Shape}
+"""The trace families by ``--shape`` name."""
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What issue 32 measured on the Mooncake conversation trace, measured on any trace.
+
+    A request's turn is its ``turn`` field where the trace has one (``chat``
+    traces do). Otherwise it is inferred from the block ids alone: a request
+    continues the conversation of the earlier request whose prompt (or all of
+    it but its last, partial block) is the longest run of this one's blocks
+    seen before; otherwise it is a first turn. The inference takes a short
+    first turn that shares a system prompt for a continuation, so inferred
+    later-turn figures are rough. A request's new blocks are those no earlier
+    request read.
+    """
+
+    num_requests: int
+    num_distinct: int
+    read_once_share: float  # of distinct blocks, read by one request only
+    first_turn_reuse: float  # of first turns' new blocks, read again by a later request
+    later_turn_reuse: float  # the same for turns 2-4
+    root_share: float  # of requests that read the most read first block
+    max_depth: int  # blocks in the longest prompt
+
+
+def statistics(requests: Iterable[dict]) -> Statistics:
+    """The ``Statistics`` of a trace given as its requests (``hash_ids``, maybe ``turn``)."""
+    readers: dict[int, int] = {}  # block -> requests that read it
+    turn_of_end: dict[int, int] = {}  # a prompt's last (or last full) block -> its turn
+    new_by_turn: list[tuple[int, list[int]]] = []
+    roots: dict[int, int] = {}
+    num_requests = max_depth = 0
+    for request in requests:
+        ids = request["hash_ids"]
+        num_requests += 1
+        max_depth = max(max_depth, len(ids))
+        if ids:
+            roots[ids[0]] = roots.get(ids[0], 0) + 1
+        seen = 0
+        while seen < len(ids) and ids[seen] in readers:
+            seen += 1
+        turn = request.get("turn") or (turn_of_end.get(ids[seen - 1], 0) + 1 if seen else 1)
+        new_by_turn.append((turn, ids[seen:]))
+        for block in set(ids):
+            readers[block] = readers.get(block, 0) + 1
+        for end in ids[-2:]:
+            turn_of_end[end] = turn
+
+    def reuse(turns: range) -> float:
+        blocks = [b for turn, new in new_by_turn if turn in turns for b in new]
+        return sum(readers[b] > 1 for b in blocks) / len(blocks) if blocks else 0.0
+
+    return Statistics(
+        num_requests,
+        len(readers),
+        sum(n == 1 for n in readers.values()) / len(readers) if readers else 0.0,
+        reuse(range(1, 2)),
+        reuse(range(2, 5)),
+        max(roots.values(), default=0) / num_requests if num_requests else 0.0,
+        max_depth,
+    )
+
+
+def _read_requests(path: str) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=SHAPES, default="conversation")
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=1)
-    for field in fields(Shape):
-        option = "--" + field.name.replace("_", "-")
-        parser.add_argument(option, type=type(field.default), default=field.default)
+    parser.add_argument("--statistics", metavar="TRACE", help="print a trace's Statistics")
+    options: dict[str, type] = {}
+    for shape in SHAPES.values():
+        for field in fields(shape):
+            options[field.name] = type(field.default)
+    for name, kind in options.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     args = parser.parse_args(argv)
-    shape = Shape(**{field.name: getattr(args, field.name) for field in fields(Shape)})
-    for request in requests(args.requests, args.seed, shape):
+    if args.statistics:
+        sys.stdout.write(json.dumps(statistics(_read_requests(args.statistics)).__dict__) + "\n")
+        return 0
+    cls = SHAPES[args.shape]
+    own = {field.name for field in fields(cls)}
+    foreign = [n for n in options if n not in own and getattr(args, n) is not None]
+    if foreign:
+        parser.error(f"--shape {args.shape} has no option --{foreign[0].replace('_', '-')}")
+    shape = cls(**{n: getattr(args, n) for n in own if getattr(args, n) is not None})
+    generate = chat_requests if isinstance(shape, ChatShape) else requests
+    for request in generate(args.requests, args.seed, shape):  # type: ignore[arg-type]
         sys.stdout.write(json.dumps(request) + "\n")
     return 0
 
