@@ -67,6 +67,16 @@ def zipf(rng: random.Random, n: int, s: float = 1.1) -> Callable[[], int]:
     return lambda: rng.choices(range(n), weights)[0]
 
 
+def block_ids(parts: list[tuple[object, ...]], ids: dict[tuple[object, ...], int]) -> list[int]:
+    """A prompt's block ids: each names its whole prefix (``ids`` numbers the prefixes seen)."""
+    hash_ids = []
+    prefix: tuple[object, ...] = ()
+    for part in parts:
+        prefix = (*prefix, part)
+        hash_ids.append(ids.setdefault(prefix, len(ids)))
+    return hash_ids
+
+
 def requests(num_requests: int, seed: int, shape: Shape = Shape()) -> Iterator[dict[str, object]]:
     """The trace's requests, one JSON-ready dict each."""
     rng = random.Random(seed)
@@ -91,11 +101,7 @@ def requests(num_requests: int, seed: int, shape: Shape = Shape()) -> Iterator[d
         num_blocks = rng.randint(1, shape.max_turn_blocks)
         turn = [("turn", session["id"], at, j) for j in range(num_blocks)]
         session["parts"] = session["parts"] + turn
-        prefix: tuple[object, ...] = ()
-        hash_ids = []
-        for part in session["parts"]:
-            prefix = (*prefix, part)
-            hash_ids.append(ids.setdefault(prefix, len(ids)))
+        hash_ids = block_ids(session["parts"], ids)
         yield {
             "timestamp": t * 100,
             "input_length": len(hash_ids) * 512,
@@ -163,11 +169,7 @@ def chat_requests(
         num_blocks = min(room, _lognormal_blocks(rng, median, shape.length_sigma))
         turn = [("turn", session["id"], session["turn"], j) for j in range(num_blocks)]
         session["parts"] = session["parts"] + turn
-        prefix: tuple[object, ...] = ()
-        hash_ids = []
-        for part in session["parts"]:
-            prefix = (*prefix, part)
-            hash_ids.append(ids.setdefault(prefix, len(ids)))
+        hash_ids = block_ids(session["parts"], ids)
         yield {
             "timestamp": t * 100,
             "input_length": len(hash_ids) * 512 - rng.randint(1, 511),  # the last block is partial
