@@ -4,15 +4,18 @@ Two families of shapes, for judging eviction policies on traffic they were
 not tuned on:
 
 ``chat`` (``ChatShape``) looks like real prompt traffic: its defaults match the
-statistics of the Mooncake FAST'25 conversation trace (issue 32). Every
-request opens on one root block (the shared system prompt), three in four
-sessions then on one of 20 short system prompts, and a first turn's own text
-is long and log-normal (median 22 blocks, up to 246). Most sessions end after
-their first turn; one that goes on (a third, each turn) sends its previous
-prompt again without its last block, which was a partial block and changes
-once extended, plus a few new blocks (log-normal, median 3). So the new blocks
-of a first turn are read again about 28% of the time, those of later turns
-14-16%, and three in four blocks are read by one request only.
+statistics of the Mooncake FAST'25 conversation trace (issue 32) over a trace
+of its length (12,000 requests). Every request opens on one root block (the
+shared system prompt); three in four sessions then add one of 20 short system
+prompts, half quote one of 1,000 shared documents (Zipf), and a first turn's
+own text is long and log-normal (median 22 blocks; prompts stop at 246). Most
+sessions end after their first turn; one that goes on (36% after the first
+turn, 22% after later ones) comes back after a log-normal gap (median 1,500
+requests) with its previous prompt less its last block, which was partial and
+changed once extended, plus new blocks (median 12). So about 27% of a first
+turn's new blocks are read again, 13-17% of later turns', and three in four
+blocks are read by one request only; as in the real trace, the exact S3-FIFO
+and ARC beat LRU at 1-2% of the distinct blocks and lose to it at 10-20%.
 
 ``conversation`` (``Shape``) is the older, friendlier traffic: sessions open
 on one of 30 system prompts (1-8 blocks, Zipf popularity), half of them with
@@ -20,9 +23,9 @@ one of 300 shared documents (4-30 blocks, Zipf), and each turn extends the
 session's previous prompt by 1-10 blocks, so 70-91% of a request's new
 blocks are read again. We keep it (and its variants) as further checks.
 
-In both, up to a few hundred sessions are open at once and each request
-continues a random one, so turns of a session are far apart. Block ids name
-their whole prefix, as Mooncake's do.
+In ``conversation`` traces up to a few hundred sessions are open at once and
+each request continues a random one. In both, block ids name their whole
+prefix, as Mooncake's do.
 
     python benchmarks/conversation_trace.py --shape chat --requests 12000 --seed 1 > chat1.jsonl
     python benchmarks/conversation_trace.py --requests 4000 --seed 1 > conv1.jsonl
@@ -39,6 +42,7 @@ variants of other shapes, e.g. retrieval-heavy traffic::
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import random
@@ -121,10 +125,13 @@ class ChatShape:
 
     num_system_prompts: int = 20  # after the root block every request shares
     system_share: float = 0.75  # of sessions that add a system prompt (1-4 blocks, Zipf)
-    max_open_sessions: int = 400
-    new_session_share: float = 0.6  # of requests that open a session
-    first_continue_share: float = 0.31  # of first turns that the session follows with a second
-    continue_share: float = 0.16  # of later turns that the session follows with another
+    num_documents: int = 1000  # shared texts a first turn may quote after its system prompt
+    document_share: float = 0.5  # of sessions that quote one (Zipf)
+    document_median_blocks: float = 6.0  # (log-normal)
+    turn_gap_median: float = 1500.0  # requests between a session's turns (log-normal)
+    turn_gap_sigma: float = 1.2
+    first_continue_share: float = 0.36  # of first turns that the session follows with a second
+    continue_share: float = 0.22  # of later turns that the session follows with another
     first_turn_median_blocks: float = 22.0  # a first turn's own text (log-normal)
     turn_median_blocks: float = 12.0  # a later turn's new blocks (log-normal, at least 1)
     length_sigma: float = 1.0  # of both log-normals
@@ -148,19 +155,26 @@ def chat_requests(
     rng = random.Random(seed)
     pick_system = zipf(rng, shape.num_system_prompts, shape.zipf_s)
     system_blocks = [rng.randint(1, 4) for _ in range(shape.num_system_prompts)]
+    pick_document = zipf(rng, shape.num_documents, shape.zipf_s)
+    document_blocks = [  # at most a quarter of the longest prompt
+        min(shape.max_blocks // 4, _lognormal_blocks(rng, shape.document_median_blocks, 1.0))
+        for _ in range(shape.num_documents)
+    ]
     ids: dict[tuple[object, ...], int] = {}
-    sessions: list[dict] = []
+    due: list[tuple[int, int, dict]] = []  # (request, session id, session): next turns
     for t in range(num_requests):
-        if not sessions or rng.random() < shape.new_session_share:
+        if not due or due[0][0] > t:
             parts: list[tuple[object, ...]] = [("root",)]
             if rng.random() < shape.system_share:
                 s = pick_system()
                 parts += [("sys", s, i) for i in range(system_blocks[s])]
+            if rng.random() < shape.document_share:
+                d = pick_document()
+                parts += [("doc", d, i) for i in range(document_blocks[d])]
             median = shape.first_turn_median_blocks
             session = {"parts": parts, "id": t, "turn": 0}
-            sessions.append(session)
         else:
-            session = sessions[rng.randrange(len(sessions))]
+            session = heapq.heappop(due)[2]
             session["parts"] = session["parts"][:-1]  # the partial tail, extended
             median = shape.turn_median_blocks
         session["turn"] += 1
@@ -178,10 +192,9 @@ def chat_requests(
             "turn": session["turn"],  # for statistics(); trace readers skip it
         }
         goes_on = shape.first_continue_share if session["turn"] == 1 else shape.continue_share
-        if rng.random() >= goes_on or len(hash_ids) >= shape.max_blocks:
-            sessions.remove(session)
-        elif len(sessions) > shape.max_open_sessions:
-            sessions.pop(0)
+        if rng.random() < goes_on and len(hash_ids) < shape.max_blocks:
+            gap = rng.lognormvariate(math.log(shape.turn_gap_median), shape.turn_gap_sigma)
+            heapq.heappush(due, (t + 1 + round(gap), session["id"], session))
 
 
 SHAPES = {"chat": ChatShape, "conversation": Shape}

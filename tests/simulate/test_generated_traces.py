@@ -44,9 +44,9 @@ def test_a_turn_field_wins_over_the_inferred_turn():
     assert ct.statistics([{"hash_ids": r["hash_ids"]} for r in requests]).later_turn_reuse == 0
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_chat_traces_look_like_the_mooncake_conversation_trace(seed):
-    stats = ct.statistics(ct.chat_requests(3000, seed))
+    stats = ct.statistics(ct.chat_requests(12000, seed))  # the Mooncake trace's length
     # issue 32: 76% read once, 27.7% of first turns' new blocks read again, 14-16% of turns 2-4's
     assert 0.70 <= stats.read_once_share <= 0.80
     assert 0.24 <= stats.first_turn_reuse <= 0.32
@@ -74,5 +74,5 @@ def test_the_command_line_writes_a_trace_simulate_reads(tmp_path, capsys):
 
 def test_options_of_another_shape_are_refused(capsys):
     with pytest.raises(SystemExit):
-        ct.main(["--shape", "chat", "--num-documents", "5"])
-    assert "--shape chat has no option --num-documents" in capsys.readouterr().err
+        ct.main(["--shape", "chat", "--max-turns", "5"])
+    assert "--shape chat has no option --max-turns" in capsys.readouterr().err
