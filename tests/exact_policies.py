@@ -86,8 +86,6 @@ class ExactS3FIFO:
             if self.freq[key] > 0:  # read while small: to main, its count cleared
                 self.freq[key] = 0
                 self.main[key] = None
-                if len(self.main) > self.capacity - self.small_capacity:
-                    self._evict_main()
                 continue
             del self.freq[key]
             self.ghost[key] = None

@@ -9,6 +9,7 @@ pools, one per policy and capacity, beside Belady's OPT as the ceiling.
 - ``optimal`` Belady's OPT, the most any policy could reuse at a capacity
 - ``outcome`` block hits, prefix-hit tokens and evictions of one run
 - ``plan``    capacities and policies asked for, the runs, run in processes
+- ``sweep``   hit ratio against capacity 0.5%-50%: curves, their knees, the size to buy
 """
 
 from .optimal import replay_optimal
@@ -23,17 +24,21 @@ from .plan import (
     runs_for,
 )
 from .replay import replay_pool
+from .sweep import SWEEP_SHARES, Curve, curves
 from .traces import Trace, TraceError, read_trace
 
 __all__ = [
     "DEFAULT_CAPACITIES",
     "DEFAULT_PREFILL_TOKENS_PER_S",
     "OPTIMAL",
+    "SWEEP_SHARES",
+    "Curve",
     "Outcome",
     "Run",
     "Trace",
     "TraceError",
     "capacities_in_blocks",
+    "curves",
     "execute",
     "policies_named",
     "read_trace",
