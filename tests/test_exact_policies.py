@@ -10,6 +10,7 @@ ratio of ``kvcache.simulate``'s replay must be within 0.3 points.
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -137,6 +138,31 @@ def test_handles_taking_turns_share_one_policy(policy, make_pool):
     pool = make_pool(50 * PAGE_BYTES, policy=policy, page_size=PAGE_BYTES)
     with kvcache.open(pool.name) as other:
         assert drive([pool, other], requests) == expected_hits
+    assert held(pool) == model_keys(model)
+
+
+def _drive_in_child(name: str, requests: list[list[int]], hits: multiprocessing.Queue) -> None:
+    with kvcache.open(name) as pool:
+        hits.put(drive([pool], requests))
+
+
+@pytest.mark.parametrize("policy", CLASSICS)
+def test_another_process_goes_on_where_this_one_stopped(policy, make_pool):
+    """A second process continues the same traffic on the queues this one left: together
+    they make the exact model's decisions."""
+    rng = np.random.default_rng(11)
+    requests = [[int(b)] for b in rng.zipf(1.3, 2000) % 300]
+    expected_hits, model = model_run(policy, 40, requests)
+    pool = make_pool(40 * PAGE_BYTES, policy=policy, page_size=PAGE_BYTES)
+    first = drive([pool], requests[:1000])
+    context = multiprocessing.get_context("spawn")
+    hits = context.Queue()
+    child = context.Process(target=_drive_in_child, args=(pool.name, requests[1000:], hits))
+    child.start()
+    second = hits.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    assert first + second == expected_hits
     assert held(pool) == model_keys(model)
 
 
