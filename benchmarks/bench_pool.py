@@ -844,7 +844,9 @@ def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.
         rows,
         [
             "sampled = default eviction_samples=64; exact = eviction_samples >= capacity "
-            "(ranks every entry on each eviction).",
+            "(ranks every entry on each eviction);",
+            "s3fifo and arc sample nothing: they run their papers' queues exactly "
+            "(docs/eviction.md).",
             "opt = Belady's MIN (offline: knows the future), the ceiling of every policy.",
             "priority puts pass priority=-(block position in the prompt), with no aging; no ttl",
             "is given and all values are equal, so ttl and size rank exactly as lru; prefix",
