@@ -791,6 +791,12 @@ EXACT_LRU_MAX_CAPACITY = 8192
 """Exact ranking costs O(entries) per eviction: exact LRU runs at capacities up to this."""
 
 
+def section_traces(paths: Sequence[Path], settings: Settings) -> None:
+    """Section 4 for each trace: a policy is judged on several traces, never on one."""
+    for path in paths:
+        section_trace(path, settings)
+
+
 def section_trace(path: Path, settings: Settings) -> None:
     """The trace replayed through real pools by ``kvcache.simulate`` (what ``cortex cache
     simulate`` runs), every policy at every capacity, beside OPT."""
@@ -823,7 +829,7 @@ def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.
             if o.capacity_blocks == capacity:
                 rows.append(trace_row(trace, run, o, ceilings[capacity]))
     print_table(
-        f"4. Eviction quality: Mooncake trace replay, {trace.num_requests:,} requests, "
+        f"4. Eviction quality: {trace.name} replay, {trace.num_requests:,} requests, "
         f"{trace.num_reads:,} block reads, {trace.num_distinct:,} distinct blocks",
         [
             "capacity",
@@ -838,7 +844,9 @@ def print_trace_table(trace: sim.Trace, runs: list[sim.Run], outcomes: list[sim.
         rows,
         [
             "sampled = default eviction_samples=64; exact = eviction_samples >= capacity "
-            "(ranks every entry on each eviction).",
+            "(ranks every entry on each eviction);",
+            "s3fifo and arc sample nothing: they run their papers' queues exactly "
+            "(docs/eviction.md).",
             "opt = Belady's MIN (offline: knows the future), the ceiling of every policy.",
             "priority puts pass priority=-(block position in the prompt), with no aging; no ttl",
             "is given and all values are equal, so ttl and size rank exactly as lru; prefix",
@@ -986,8 +994,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--trace",
         type=Path,
-        default=DEFAULT_TRACE,
-        help=f"trace for section 4 (default {DEFAULT_TRACE})",
+        action="append",
+        help=f"a trace for section 4, once per trace (default {DEFAULT_TRACE}); e.g. "
+        "conversation_trace.py --shape chat traces beside it",
     )
     parser.add_argument(
         "--section",
@@ -1005,7 +1014,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("throughput", lambda: section_throughput(settings)),
         ("scaling", lambda: section_scaling(settings)),
         ("eviction cost", lambda: section_eviction(settings)),
-        ("eviction quality", lambda: section_trace(args.trace, settings)),
+        ("eviction quality", lambda: section_traces(args.trace or [DEFAULT_TRACE], settings)),
     ]
     if args.section:
         sections = [s for s, name in zip(sections, SECTIONS, strict=True) if name in args.section]

@@ -152,9 +152,9 @@ def test_metadata_overhead_below_one_percent_at_default_page_size(size: str) -> 
     assert Geometry.for_config(config).metadata_bytes / config.size_bytes < 0.01
 
 
-def test_entry_record_is_232_bytes_of_8_byte_words() -> None:
-    assert ENTRY_DTYPE.itemsize == 232
-    assert ENTRY_WORDS == 29
+def test_entry_record_is_256_bytes_of_8_byte_words() -> None:
+    assert ENTRY_DTYPE.itemsize == 256
+    assert ENTRY_WORDS == 32
     for name, (dtype, offset) in ENTRY_DTYPE.fields.items():
         assert dtype.itemsize == 8, name
         assert offset % 8 == 0, name

@@ -1,6 +1,6 @@
 """The entry table: slots for entries, and the dense list of live ones.
 
-Each entry is one 232-byte record (see ``layout.ENTRY_DTYPE``) in state FREE,
+Each entry is one 256-byte record (see ``layout.ENTRY_DTYPE``) in state FREE,
 WRITING (pages reserved, bytes being copied, invisible to readers) or READY
 (indexed and readable). Free slots form a chain through ``next_free``; slots
 never used sit above ``next_fresh_entry``.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -29,8 +29,9 @@ from .entries import EntryTable
 from .errors import InvalidArgument, OutOfSharedMemoryError, PoolFullError, reports_damage
 from .layout import ENTRY_WORDS, READY, WRITING, E, H, Views
 from .lock import PoolLock
-from .policies import Policy, ScoreContext, choose_victims, rank_victims
+from .policies import Policy, QueuePolicy, ScoreContext, choose_victims, rank_victims
 from .procs import ProcessTable
+from .queues import Queues
 from .reports import EvictionResult
 from .sketch import admits
 from .units import parse_size
@@ -97,8 +98,7 @@ class EvictionMixin:
     _page_size: int
     _rng: np.random.Generator
     _clock: Callable[[], float]
-    _ghost_mask: int  # Pool's: the ghost table's slot of a key hash is ``lo & mask``
-    _uses_ghosts: bool  # Pool's: whether the ghost region is a ghost table (not a sketch)
+    _queues: Queues | None  # Pool's: where the policy is a QueuePolicy
     _ed: memoryview[float]
 
     def _remove(self, eid: int) -> int:
@@ -155,7 +155,12 @@ class EvictionMixin:
         return EvictionResult(num_entries, num_expired, freed * self._page_size)
 
     def _make_room(
-        self, num_pages: int, *, within_reserved: bool = False, candidate: float | None = None
+        self,
+        num_pages: int,
+        *,
+        within_reserved: bool = False,
+        candidate: float | None = None,
+        recalled: int = -1,
     ) -> bool:
         """Evict (expired entries first) until ``num_pages`` pages and a slot are free; False
         if the policy would rather keep its first victim than admit the new entry.
@@ -165,6 +170,7 @@ class EvictionMixin:
                 when the machine refused to back more (see ``Pool._reserve``).
             candidate: the new entry's count in the policy's frequency sketch
                 (policies that keep one), weighed against the first victim's.
+            recalled: the kind of the new key's ghost, or -1 (``QueuePolicy``).
         """
         allocator, entries = self._allocator, self._entries
         available = allocator.num_reserved_available if within_reserved else allocator.num_available
@@ -172,7 +178,7 @@ class EvictionMixin:
             return True
         self._tidy(force=False)
         while available() < num_pages or not entries.has_free_slot():
-            victims, exact = self._choose_victims()
+            victims, exact = self._choose_victims(recalled)
             if candidate is not None and victims.size:
                 if not admits(candidate, self._frequency(int(victims[0]))):
                     return False
@@ -200,23 +206,17 @@ class EvictionMixin:
         return self._ed[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life)
 
     def _evict_one(self, eid: int) -> int:
-        """Evict a READY entry (with its descendants, where the policy tracks prefixes, and
-        remembering its key in the ghost table where the pool keeps one); how many went."""
-        if self._uses_ghosts:
-            base = eid * ENTRY_WORDS
-            lo = self._eq[base + E.hash_lo]
-            slot = lo & self._ghost_mask
-            ghosts, h = self._views.ghost_q, self._hq
-            if ghosts[slot]:  # forgotten, to make room
-                h[H.num_ghosts_probation if ghosts[slot] & 1 else H.num_ghosts_main] -= 1
-            on_probation = self._eq[base + E.probation] != 0
-            ghosts[slot] = (lo & ~1) | on_probation
-            h[H.num_ghosts_probation if on_probation else H.num_ghosts_main] += 1
+        """Evict a READY entry (with its descendants, where the policy tracks prefixes); how
+        many went."""
         removed = self._remove(eid)
         self._hq[H.evictions] += removed
         return removed
 
-    def _choose_victims(self) -> tuple[np.ndarray, bool]:
+    def _choose_victims(self, recalled: int = -1) -> tuple[np.ndarray, bool]:
+        """Victims best first, and whether they are exact (evict only as many as needed)."""
+        if self._queues is not None and self._hq[H.num_live]:
+            policy = cast(QueuePolicy, self._policy)
+            return np.array([policy.victim(self._queues, recalled)]), True
         live = self._views.live[: self._hq[H.num_live]]
         return choose_victims(
             self._policy,
@@ -242,7 +242,7 @@ class EvictionMixin:
             self.config.lfu_half_life,
             h[H.num_live],
             h[H.num_probation],
-            h[H.probation_target],
+            self._hd[H.probation_target],
         )
 
     def _tidy(self, *, force: bool) -> tuple[int, int]:

@@ -14,7 +14,7 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               |                             |  time, pid namespace); each slot's
               |                             |  first byte carries its holder's lease
               +-----------------------------+
-              | entry table                 |  max_entries x 232-byte records
+              | entry table                 |  max_entries x 256-byte records
               +-----------------------------+
               | live list                   |  max_entries x int64: dense ids of
               |                             |  READY entries (eviction samples it)
@@ -22,10 +22,10 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               | key index                   |  index_slots x int64: entry id + 1,
               |                             |  0 = empty; open addressing
               +-----------------------------+
-              | ghosts                      |  index_slots x int64: hash_lo of keys
-              |                             |  evicted lately, its low bit set if the
-              |                             |  key was on probation; 0 = none (prefix
-              |                             |  pools: a frequency sketch, see sketch)
+              | ghosts                      |  3 x index_slots x int64: a ring of keys
+              |                             |  evicted lately and a table to find
+              |                             |  them (s3fifo, arc: see queues); prefix
+              |                             |  pools: a frequency sketch (see sketch)
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -55,9 +55,16 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 7
-READABLE_VERSIONS = (7,)
-"""7: the remote tier's URL, namespace, password file and the access log's path
+FORMAT_VERSION = 8
+READABLE_VERSIONS = (8,)
+"""8: ``s3fifo`` and ``arc`` run exactly as their papers define them,
+with their queues in the segment: entries gain list links and a read count
+(``queue_prev``, ``queue_next``, ``reads``), the header the lists' ends and the
+ghost ring's positions, and ARC's target ``probation_target`` is a float; the
+ghost region is a ring of evicted keys and a lookup table (``kvcache.queues``)
+instead of a direct-mapped table. The longer records move every region, so
+format-7 pools are refused (persist and restore them).
+7: the remote tier's URL, namespace, password file and the access log's path
 left the header for a file of the pool's owner (``kvcache.settings``): anyone who
 may write a shared pool may write its header, so nothing there may name a file to
 open or a server to dial; the header keeps a serial of the settings and counts
@@ -174,13 +181,22 @@ HEADER_DTYPE = np.dtype(
         # format 5: the ghost table (geometry) and the prefix policy's probation count
         ("ghost_offset", "<i8"),
         ("num_probation", "<i8"),  # READY entries on probation (stored, never hit since)
-        ("probation_target", "<i8"),  # arc: entries probation may hold before it goes first
-        ("num_ghosts_probation", "<i8"),  # ghost words of keys that left probation
-        ("num_ghosts_main", "<i8"),  # ghost words of the others
+        ("probation_target", "<f8"),  # arc's p: entries probation may hold before it goes first
+        ("num_ghosts_probation", "<i8"),  # ghosts of keys that left probation (s3fifo, arc: B1)
+        ("num_ghosts_main", "<i8"),  # ghosts of keys that left the main queue (arc: B2)
         # bumped by each change of the pool's settings file (kvcache.settings)
         ("settings_serial", "<i8"),
         # the prefix policy's frequency sketch (kvcache.sketch): additions since it last halved
         ("sketch_additions", "<i8"),
+        # format 8: the exact queues of s3fifo and arc (kvcache.queues): ends of the two
+        # entry lists (ids + 1, 0 = empty) and the ghost ring's insert and tail positions
+        ("probation_head", "<i8"),
+        ("probation_tail", "<i8"),
+        ("main_head", "<i8"),
+        ("main_tail", "<i8"),
+        ("ghost_next", "<i8"),  # ghosts ever added: the next one's ring position
+        ("ghost_tail_main", "<i8"),  # no ghost of its kind lies before these positions
+        ("ghost_tail_probation", "<i8"),
     ]
 )
 
@@ -215,7 +231,11 @@ ENTRY_DTYPE = np.dtype(
         ("next_sibling", "<i8"),
         ("prev_sibling", "<i8"),
         ("depth", "<i8"),  # chunks before this one in its prompt
-        ("probation", "<i8"),  # 1 from a put until the first hit (never, if evicted lately)
+        ("probation", "<i8"),  # 1 in s3fifo's small queue or arc's T1 (new, not recalled)
+        # format 8: s3fifo's and arc's entry lists (ids + 1, 0 = none; see kvcache.queues)
+        ("queue_prev", "<i8"),  # toward the head (most recently queued)
+        ("queue_next", "<i8"),  # toward the tail (the next victim)
+        ("reads", "<i8"),  # s3fifo: reads since queued, at most 3 (its 2-bit counter)
     ]
 )
 
@@ -242,6 +262,10 @@ PRIORITY_LIMIT = 1 << 62
 """Priorities are below this in absolute value (what ``Pool.put`` accepts)."""
 
 ENTRY_WORDS = ENTRY_DTYPE.itemsize // 8
+GHOST_WORDS_PER_SLOT = 3
+"""The ghost region's words per index slot (format 8): the ghost ring of ``kvcache.queues``,
+its chain links and its bucket heads take one each (so the ring holds at least twice the
+entry slots); a ``prefix`` pool's sketch uses the first third."""
 
 
 class _WordIndex:
@@ -299,7 +323,7 @@ class Geometry:
         live = _align(entries + config.max_entries * ENTRY_DTYPE.itemsize)
         index = _align(live + config.max_entries * 8)
         ghost = _align(index + index_slots * 8)
-        page_next = _align(ghost + index_slots * 8)
+        page_next = _align(ghost + GHOST_WORDS_PER_SLOT * index_slots * 8)
         data = _align(page_next + config.num_pages * 8)
         return cls(
             page_size_bytes=config.page_size_bytes,
@@ -355,9 +379,10 @@ class Views:
         self.live = np.ndarray((g.max_entries,), np.int64, buffer=buffer, offset=g.live_offset)
         self.index_q = raw[g.index_offset : g.index_offset + g.index_slots * 8].cast("q")
         self.index = np.ndarray((g.index_slots,), np.int64, buffer=buffer, offset=g.index_offset)
-        ghosts = raw[g.ghost_offset : g.ghost_offset + g.index_slots * 8]
+        ghosts = raw[g.ghost_offset : g.ghost_offset + GHOST_WORDS_PER_SLOT * g.index_slots * 8]
         self.ghost_q = ghosts.cast("q")
-        self.ghost_uq = ghosts.cast("Q")  # the same words unsigned: the prefix policy's sketch
+        # the first index_slots words, unsigned: the prefix policy's sketch
+        self.ghost_uq = ghosts[: g.index_slots * 8].cast("Q")
         self.page_next_q = raw[g.page_next_offset : g.page_next_offset + g.num_pages * 8].cast("q")
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple, TypeVar, overload
+from typing import NamedTuple, TypeVar, cast, overload
 
 import numpy as np
 
@@ -71,8 +71,9 @@ from .layout import (
 )
 from .lock import ClosedLock, PoolLock, closed_error, file_lock_only
 from .mapping import READ_ATTEMPTS, Default, Value
-from .policies import get_policy, rank_victims
+from .policies import QueuePolicy, get_policy, rank_victims
 from .procs import ProcessTable, me
+from .queues import MAIN, PROBATION, Queues
 from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolMetrics, PoolStats
 from .settings import AccessLogMixin
@@ -99,6 +100,12 @@ History = tuple[int, int, float]
 """An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
 
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+RECALL_AT_ADMIT = -2
+"""A WRITING entry's ``reads`` word (see ``_reserve``): a new key whose ghost the policy
+looks up only once it is stored, after the evictions that made room (S3-FIFO's order:
+such an eviction may push the key's own ghost out)."""
 
 
 class _Summed(NamedTuple):
@@ -168,11 +175,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._num_pages = geometry.num_pages
         self._policy = get_policy(config.policy)
         self._tree = ChunkTree(views) if self._policy.tracks_prefixes else None
-        self._uses_probation = self._policy.uses_probation
         # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
         self._sketch = FrequencySketch(views) if self._policy.uses_sketch else None
-        self._uses_ghosts = self._uses_probation and self._sketch is None
-        self._ghost_mask = geometry.index_slots - 1
+        self._queues = Queues(views) if self._policy.uses_queues else None
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]
         data_offset = self._data_offset = geometry.data_offset
@@ -971,9 +976,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         else:  # the key's count over the sketch's longer history, this hit included
             d[base + E.freq] = self._sketch.add(q[base + E.hash_lo], q[base + E.hash_hi])
         q[base + E.last_access] = clock
-        if q[base + E.probation]:  # read again: proven (0 unless the policy uses probation)
-            q[base + E.probation] = 0
-            h[H.num_probation] -= 1
+        if self._queues is not None:
+            cast(QueuePolicy, self._policy).hit(self._queues, eid)
         d[base + E.accessed_at] = self._clock()
         return eid
 
@@ -1083,12 +1087,18 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             return -1
         count = 1.0
         candidate = None
+        recalled = -1
+        if self._queues is not None and fresh and self._index.find(lo, hi) < 0:
+            if cast(QueuePolicy, self._policy).recalls_before_evicting:
+                recalled = self._recall(self._queues, lo)
+            else:
+                recalled = RECALL_AT_ADMIT
         if self._sketch is not None and fresh:
             count = candidate = float(self._sketch.add(lo, hi))
             if self._index.find(lo, hi) >= 0:
                 candidate = None  # stored again: it was admitted before
         try:
-            if not self._make_room(num_pages, candidate=candidate):
+            if not self._make_room(num_pages, candidate=candidate, recalled=recalled):
                 return -1
         except PoolFullError:
             if (self._views.entries["state"] == WRITING).any():
@@ -1118,7 +1128,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         q[base + E.last_page] = last
         q[base + E.num_pages] = num_pages
         q[base + E.priority] = priority
-        q[base + E.probation] = 0
+        q[base + E.probation] = q[base + E.queue_prev] = q[base + E.queue_next] = 0
+        q[base + E.reads] = recalled  # until published (see _admit)
         d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self._slot, self._serial
@@ -1150,8 +1161,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         if tree is not None and not self._place(tree, eid, old, parent):
             self._free_entry(eid)
             return False
-        if self._uses_probation:
-            self._admit(eid, old, history)
+        if self._queues is not None:
+            self._admit(self._queues, eid, old, history)
         if old >= 0:
             self._remove(old)
         clock = h[H.clock] + 1
@@ -1185,43 +1196,31 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             tree.adopt(eid, old)
         return True
 
-    def _admit(self, eid: int, old: int, history: History | None) -> None:
-        """Put a new entry on probation, unless it replaces ``old`` (it keeps its standing:
-        a prompt stored again after a gap must not demote the chunks it had cached) or the
-        ghost table recalls its key. A restored entry (``history``) is on probation if it
-        was never read since its put (its last access is its creation)."""
-        q, base = self._eq, eid * ENTRY_WORDS
+    def _admit(self, queues: Queues, eid: int, old: int, history: History | None) -> None:
+        """Queue a new entry by the policy. A key stored again takes the old entry's place
+        and counts as a read of it (a prompt stored again after a gap must not demote the
+        chunks it had cached); a restored entry (``history``) goes to probation if it was
+        never read since its put (its last access is its creation), else to main."""
+        q, base, policy = self._eq, eid * ENTRY_WORDS, cast(QueuePolicy, self._policy)
         if old >= 0:
-            probation = q[old * ENTRY_WORDS + E.probation]
+            queues.set_reads(eid, queues.reads(old))
+            queues.lists.take_place(eid, old)
+            policy.hit(queues, eid)
         elif history is not None:
-            probation = int(history[0] == history[1])
+            queues.set_reads(eid, 0)
+            queues.lists.push(eid, PROBATION if history[0] == history[1] else MAIN)
         else:
-            probation = int(not self._recall(q[base + E.hash_lo]))
-        q[base + E.probation] = probation
-        self._hq[H.num_probation] += probation
+            recalled = q[base + E.reads]
+            if recalled == RECALL_AT_ADMIT:
+                recalled = self._recall(queues, q[base + E.hash_lo])
+            policy.admit(queues, eid, recalled)
 
-    def _recall(self, lo: int) -> bool:
-        """Whether the key hashed ``lo`` was evicted lately (then forget it: it was needed).
-
-        A recall moves probation's target as ARC does: up if the key left probation
-        (probation was too small), else down, by the ratio of the other kind of ghosts
-        to this kind (at least one entry).
-        """
-        ghosts, slot, h = self._views.ghost_q, lo & self._ghost_mask, self._hq
-        ghost = ghosts[slot]
-        if not ghost or (ghost ^ lo) & ~1:
-            return False
-        ghosts[slot] = 0
-        on_probation, main = h[H.num_ghosts_probation], h[H.num_ghosts_main]
-        if ghost & 1:
-            step = max(1, main // on_probation)
-            h[H.probation_target] = min(h[H.probation_target] + step, self.config.max_entries)
-            h[H.num_ghosts_probation] = on_probation - 1
-        else:
-            step = max(1, on_probation // main)
-            h[H.probation_target] = max(h[H.probation_target] - step, 0)
-            h[H.num_ghosts_main] = main - 1
-        return True
+    def _recall(self, queues: Queues, lo: int) -> int:
+        """Before a key not held is put: forget its ghost and tell the policy; the ghost's
+        kind (``queues.PROBATION`` or ``MAIN``), or -1 if its key was no ghost."""
+        kind = queues.ghosts.remove(lo)
+        cast(QueuePolicy, self._policy).miss(queues, kind)
+        return kind
 
     def _drop_damaged(self, eid: int) -> None:
         """Remove a READY entry whose bytes no longer match their checksum."""
@@ -1242,7 +1241,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         return len(doomed)
 
     def _unindex(self, eid: int) -> None:
-        self._hq[H.num_probation] -= self._eq[eid * ENTRY_WORDS + E.probation]
+        if self._queues is not None:
+            self._queues.lists.unlink(eid)
         self._index.remove(eid, self._eq[eid * ENTRY_WORDS + E.hash_lo])
         self._entries.remove_live(eid)
         self._free_entry(eid)

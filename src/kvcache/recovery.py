@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ranges, tree
+from . import queues, ranges, tree
 from .allocator import PageAllocator, Run
 from .config import MAX_KEY_BYTES, PoolConfig
 from .entries import EntryTable
@@ -317,16 +317,11 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["reserved_pages"] = reserved if fresh <= reserved <= g.num_pages else fresh
     # DESTROYED and REPLACED never reach here (the lock refuses them): anything else is damage
     wanted["retired"] = LIVE
-    target = h[H.probation_target]
-    wanted["probation_target"] = target if 0 <= target <= g.max_entries else 0
-    if get_policy(parts.config.policy).uses_sketch:  # the region is a sketch: no ghosts
+    if not get_policy(parts.config.policy).uses_queues:  # else queues.find_problems checks
         wanted["num_ghosts_probation"] = wanted["num_ghosts_main"] = 0
+    if get_policy(parts.config.policy).uses_sketch:
         additions = h[H.sketch_additions]
         wanted["sketch_additions"] = additions if 0 <= additions < CLOCK_LIMIT else 0
-    else:
-        ghosts = np.frombuffer(parts.views.ghost_q, np.int64)
-        wanted["num_ghosts_probation"] = int(np.count_nonzero(ghosts & 1))
-        wanted["num_ghosts_main"] = int(np.count_nonzero(ghosts)) - wanted["num_ghosts_probation"]
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():
@@ -380,6 +375,8 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
         )
     problems += _index_problems(parts, survey.ready)
     problems += _tree_problems(v, survey.ready)
+    if get_policy(parts.config.policy).uses_queues:
+        problems += queues.find_problems(v, survey.ready)
     num_live = h[H.num_live]
     live = v.live[: max(0, min(num_live, v.geometry.max_entries))]
     if (
@@ -464,5 +461,8 @@ def rebuild(parts: Parts) -> None:
     parts.index.rebuild(survey.ready)
     ready = np.array(survey.ready, np.int64)
     tree.rebuild(v.entries, ready)
-    h[H.num_probation] = int(np.count_nonzero(v.entries["probation"][ready]))
+    if get_policy(parts.config.policy).uses_queues:
+        queues.rebuild(v, ready)
+    else:
+        h[H.num_probation] = 0
     v.header_d[H.next_expiry_at] = _earliest_expiry(v, survey.ready)

@@ -1,6 +1,6 @@
 """Replays: OPT against a naive model of MIN, every policy at or below OPT, the pool's
-replay against plain models of LRU, S3-FIFO, ARC and the prefix policy, and scratch pools
-that leave nothing behind."""
+replay against plain models of LRU and the prefix policy (S3-FIFO and ARC: see
+tests/test_exact_policies.py), and scratch pools that leave nothing behind."""
 
 from __future__ import annotations
 
@@ -233,36 +233,6 @@ def test_policies_by_name():
         policies_named(["lru", "belady"])
 
 
-class GhostTable:
-    """The pool's ghost table: per slot (low bits of a key's hash) the last key evicted
-    there, its low bit set if that key left probation."""
-
-    def __init__(self, policy: str, capacity: int) -> None:
-        config = PoolConfig.build(capacity * 1024, policy=policy, page_size=1024)
-        self.mask = Geometry.for_config(config).index_slots - 1
-        self.words: dict[int, int] = {}
-
-    def remember(self, block: int, on_probation: bool) -> None:
-        low = _low(block)
-        self.words[low & self.mask] = (low & ~1) | on_probation
-
-    def count(self, left_probation: bool) -> int:
-        return sum(1 for w in self.words.values() if w and bool(w & 1) == left_probation)
-
-    def recall(self, block: int) -> bool | None:
-        """None if ``block`` is not remembered; else forget it and say if it left probation."""
-        low = _low(block)
-        word = self.words.get(low & self.mask, 0)
-        if not word or (word ^ low) & ~1:
-            return None
-        self.words[low & self.mask] = 0
-        return bool(word & 1)
-
-
-def _low(block: int) -> int:
-    return key_hash(int(block).to_bytes(8, "little"))[0]
-
-
 class Sketch:
     """The pool's frequency sketch (``kvcache.sketch``) written plainly: four 4-bit counters
     per key, picked by the 32-bit quarters of its hash; a key's count is their least; an
@@ -360,94 +330,3 @@ def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
 def test_the_pool_replay_of_prefix_is_the_prefix_model(requests, capacity):
     outcome = replay_pool(trace_of(requests), "prefix", capacity, eviction_samples=64)
     assert (outcome.block_hits, outcome.evictions) == prefix_model(requests, capacity)
-
-
-def s3fifo_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
-    """S3-FIFO written plainly, with the pool's put semantics: prefix hits and evictions.
-    Entries on probation (never read since put) go first, oldest first, while they are
-    over 10% of the entries; otherwise the least recently used; evicted keys are
-    remembered in the ghost table, and one put again skips probation; a key stored
-    again keeps its standing."""
-    last: dict[int, int] = {}
-    probation: dict[int, bool] = {}
-    ghosts = GhostTable("s3fifo", capacity)
-    clock = hits = evictions = 0
-
-    def rank(block: int) -> tuple[int, int]:
-        over = sum(probation.values()) > 0.1 * len(last)
-        return (-(over and probation[block]), last[block])
-
-    for request in requests:
-        reused = 0
-        while reused < len(request) and request[reused] in last:
-            clock += 1
-            last[request[reused]], probation[request[reused]] = clock, False
-            reused += 1
-        hits += reused
-        for block in request[reused:]:
-            if len(last) >= capacity:
-                victim = min(last, key=rank)
-                ghosts.remember(victim, probation[victim])
-                del last[victim], probation[victim]
-                evictions += 1
-            on_probation = probation[block] if block in last else ghosts.recall(block) is None
-            clock += 1
-            last[block], probation[block] = clock, on_probation
-    return hits, evictions
-
-
-@settings(max_examples=60, deadline=None)
-@given(prompt_traffic(), st.integers(1, 12))
-def test_the_pool_replay_of_s3fifo_is_the_s3fifo_model(requests, capacity):
-    outcome = replay_pool(trace_of(requests), "s3fifo", capacity, eviction_samples=64)
-    assert (outcome.block_hits, outcome.evictions) == s3fifo_model(requests, capacity)
-
-
-def arc_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
-    """ARC written plainly, with the pool's put semantics: prefix hits and evictions.
-    T1 (seen once) loses its least recently used while it holds more than the target p,
-    else T2 does; a key recalled from T1's ghosts raises p by max(1, |B2| / |B1|), from
-    T2's lowers it by max(1, |B1| / |B2|), and joins T2; a key stored again keeps its
-    list."""
-    last: dict[int, int] = {}
-    once: dict[int, bool] = {}  # True: in T1
-    ghosts = GhostTable("arc", capacity)
-    clock = hits = evictions = target = 0
-
-    def rank(block: int) -> tuple[bool, int]:
-        t1_first = sum(once.values()) > target
-        return (once[block] != t1_first, last[block])
-
-    for request in requests:
-        reused = 0
-        while reused < len(request) and request[reused] in last:
-            clock += 1
-            last[request[reused]], once[request[reused]] = clock, False
-            reused += 1
-        hits += reused
-        for block in request[reused:]:
-            if len(last) >= capacity:
-                victim = min(last, key=rank)
-                ghosts.remember(victim, once[victim])
-                del last[victim], once[victim]
-                evictions += 1
-            if block in last:  # stored again: it keeps its list
-                in_t1 = once[block]
-            else:
-                b1, b2 = ghosts.count(True), ghosts.count(False)
-                left_t1 = ghosts.recall(block)
-                if left_t1:
-                    target = min(target + max(1, b2 // b1), capacity)
-                elif left_t1 is not None:
-                    target = max(target - max(1, b1 // b2), 0)
-                in_t1 = left_t1 is None
-            clock += 1
-            last[block], once[block] = clock, in_t1
-    return hits, evictions
-
-
-@settings(max_examples=60, deadline=None)
-@given(prompt_traffic(), st.integers(1, 12))
-def test_the_pool_replay_of_arc_is_the_arc_model(requests, capacity):
-    outcome = replay_pool(trace_of(requests), "arc", capacity, eviction_samples=64)
-    assert (outcome.block_hits, outcome.evictions) == arc_model(requests, capacity)

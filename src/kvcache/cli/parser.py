@@ -423,6 +423,18 @@ def build(prog: str) -> argparse.ArgumentParser:
         "--jobs", type=_positive_number, help="replays run at once (default: one per CPU)"
     )
     p.add_argument("--plot", metavar="FILE.png", help="draw hit ratio against capacity")
+    size.add_argument(
+        "--sweep",
+        action="store_true",
+        help="capacities from 0.5%% to 50%% in one run: a curve per policy, its knee and "
+        "(with --target-hit) the size to buy",
+    )
+    p.add_argument(
+        "--target-hit",
+        type=_percent,
+        metavar="PERCENT",
+        help="with --sweep: the block hit ratio to size the pool for, e.g. 20%%",
+    )
     _json(p)
     _llama_server(sub, e)
     return root
@@ -456,6 +468,16 @@ def _llama_server(sub: argparse._SubParsersAction, e: str) -> None:
         nargs=argparse.REMAINDER,
         help="after --: llama-server's options (with --upstream: the ones it runs with)",
     )
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage, e.g. 20%") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0% and at most 100%")
+    return value / 100
 
 
 def _whole_number(text: str) -> int:

@@ -26,9 +26,12 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
         block_bytes = trace.block_tokens * per_token
     else:  # an access log knows its chunks' bytes; a Mooncake trace gets Llama-3-8B's
         block_bytes = trace.block_bytes or trace.block_tokens * DEFAULT_KV_BYTES_PER_TOKEN
+    if args.target_hit is not None and not args.sweep:
+        raise InvalidArgument("--target-hit sizes a pool from a sweep: add --sweep")
+    shares = sim.SWEEP_SHARES if args.sweep else sim.DEFAULT_CAPACITIES
     capacities = sim.capacities_in_blocks(
         trace,
-        _listed(args.capacity) if args.capacity else () if args.size else sim.DEFAULT_CAPACITIES,
+        _listed(args.capacity) if args.capacity else () if args.size else shares,
         _listed(args.size) if args.size else (),
         block_bytes,
     )
@@ -57,6 +60,7 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
         f"prefill saved is reckoned at {args.prefill_rate:,} tokens/s (--prefill-rate); "
         "opt is Belady's offline optimum, the most any policy could reuse"
     )
+    sweep = _sweep(out, outcomes, trace, block_bytes, args.target_hit) if args.sweep else None
     if plotter is not None:
         _plot(plotter, outcomes, trace, args.plot)
         out.line(f"plot written to {args.plot}")
@@ -73,7 +77,42 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
         "results": [
             {**o.as_dict(), "saved_seconds": o.saved_seconds(args.prefill_rate)} for o in outcomes
         ],
+        **({"sweep": sweep} if sweep is not None else {}),
     }
+
+
+def _sweep(
+    out: Output,
+    outcomes: Sequence[sim.Outcome],
+    trace: sim.Trace,
+    block_bytes: int,
+    target: float | None,
+) -> list[dict[str, object]]:
+    """Print each policy's knee (and the size to buy for ``target``); the same as JSON."""
+
+    def capacity(blocks: float) -> str:
+        share = blocks / trace.num_distinct
+        return f"{blocks:,.0f} blocks ({share:.1%}, {format_size(int(blocks * block_bytes))})"
+
+    rows: list[tuple[object, ...]] = []
+    report: list[dict[str, object]] = []
+    for curve in sim.curves(outcomes):
+        knee, size = curve.knee(), curve.size_for(target) if target is not None else None
+        rows.append(
+            (
+                curve.policy,
+                capacity(knee) if knee else "-",
+                capacity(size) if size else ("not within 50%" if target is not None else "-"),
+            )
+        )
+        report.append({"policy": curve.policy, "knee_blocks": knee, "target_blocks": size})
+    target_title = f"SIZE FOR {target:.1%} HITS" if target is not None else "SIZE FOR A TARGET"
+    out.table(("POLICY", "KNEE", target_title), rows)
+    out.line(
+        "knee: past it, each doubling of the pool buys less than the curve's average "
+        "(give --target-hit to size for a hit ratio)"
+    )
+    return report
 
 
 def _listed(text: str) -> list[str]:

@@ -8,9 +8,10 @@ random sample per eviction (as Redis does), so the cost of a put does not grow
 with the pool; smaller pools, and explicit ``Pool.evict``, rank every entry.
 
 A policy may ask the pool for more, kept in the segment: ``tracks_prefixes``
-(the chunk tree of ``kvcache.tree``: ``prefix``), ``uses_probation`` (new
-entries on probation until read, and a ghost table of keys evicted lately:
-``s3fifo``, ``arc``) and ``uses_sketch`` (a frequency sketch of keys asked for,
+(the chunk tree of ``kvcache.tree``: ``prefix``), ``uses_queues`` (exact
+queues and ghosts, ``kvcache.queues``, for policies defined by queues:
+``s3fifo``, ``arc``; they choose victims themselves, in O(1), without
+sampling) and ``uses_sketch`` (a frequency sketch of keys asked for,
 ``kvcache.sketch``, that admits new keys: ``prefix``).
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from .arc import ARC
-from .base import RANKING_FIELDS, Policy, ScoreContext, rank_victims
+from .base import RANKING_FIELDS, Policy, QueuePolicy, ScoreContext, rank_victims
 from .fifo import FIFO
 from .lfu import LFU
 from .lru import LRU
@@ -87,4 +88,12 @@ def choose_victims(
     return ids[rank_victims(policy, columns, ctx, top=batch)], False
 
 
-__all__ = ["POLICIES", "Policy", "ScoreContext", "choose_victims", "get_policy", "rank_victims"]
+__all__ = [
+    "POLICIES",
+    "Policy",
+    "QueuePolicy",
+    "ScoreContext",
+    "choose_victims",
+    "get_policy",
+    "rank_victims",
+]

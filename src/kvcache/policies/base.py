@@ -17,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ..queues import Queues
+
 
 @dataclass(frozen=True)
 class ScoreContext:
@@ -27,7 +29,7 @@ class ScoreContext:
     lfu_half_life: int  # clock ticks after which an idle LFU count halves
     num_live: int = 0  # READY entries
     num_probation: int = 0  # of them, on probation (policies that use it)
-    probation_target: int = 0  # how many probation may hold before it goes first (``arc``)
+    probation_target: float = 0.0  # how many probation may hold before it goes first (``arc``)
 
 
 Columns = Mapping[str, np.ndarray] | np.ndarray
@@ -40,10 +42,10 @@ class Policy(Protocol):
     """An eviction policy: a name, a one-line use case, the fields it reads, a vectorised score.
 
     ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
-    it. ``uses_probation``: the pool puts new entries on probation until their
-    first hit, unless the ghost table (keys evicted lately) recalls them.
+    it. ``uses_queues``: the policy is a ``QueuePolicy`` and the pool keeps its
+    queues (``kvcache.queues``), run exactly rather than scored on samples.
     ``uses_sketch``: the pool keeps a frequency sketch of keys asked for in the
-    ghost table's place (``kvcache.sketch``), starts an entry's access count at
+    ghost region (``kvcache.sketch``), starts an entry's access count at
     its key's count, and admits a new key that would evict only if the sketch
     says so.
     """
@@ -52,12 +54,39 @@ class Policy(Protocol):
     summary: str
     fields: tuple[str, ...]
     tracks_prefixes: bool
-    uses_probation: bool
+    uses_queues: bool
     uses_sketch: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""
         ...
+
+
+class QueuePolicy(Policy, Protocol):
+    """A policy defined by queues (``s3fifo``, ``arc``), run exactly on the pool's ``Queues``.
+
+    The pool calls ``miss`` before it stores a key it does not hold (``recalled``:
+    the kind of the key's ghost, which the pool has forgotten, or -1), ``victim``
+    each time it must evict (with the same ``recalled``), ``admit`` once the new
+    entry is stored, and ``hit`` on each read and on a put of a key it holds.
+    Explicit ``Pool.evict`` still ranks by ``score``.
+
+    ``recalls_before_evicting``: the pool looks up the new key's ghost before it
+    evicts for it (ARC: the ghost decides the victim); otherwise after (S3-FIFO:
+    the evictions may push that ghost out), and ``miss`` and ``victim`` get -1.
+    """
+
+    recalls_before_evicting: bool
+
+    def miss(self, queues: Queues, recalled: int) -> None: ...
+
+    def victim(self, queues: Queues, recalled: int) -> int:
+        """The entry to evict now; it may move others first and remember it as a ghost."""
+        ...
+
+    def admit(self, queues: Queues, eid: int, recalled: int) -> None: ...
+
+    def hit(self, queues: Queues, eid: int) -> None: ...
 
 
 def decayed_frequency(columns: Columns, ctx: ScoreContext) -> np.ndarray:

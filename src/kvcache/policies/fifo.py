@@ -12,7 +12,7 @@ class FIFO:
     summary = "oldest insert first; cheapest, for streams that are rarely reused"
     fields: tuple[str, ...] = ("created",)
     tracks_prefixes = False
-    uses_probation = False
+    uses_queues = False
     uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -17,7 +17,7 @@ class LFU:
     summary = "least frequently used first (counts age); keeps shared system prompts hot"
     fields: tuple[str, ...] = ("freq", "last_access")
     tracks_prefixes = False
-    uses_probation = False
+    uses_queues = False
     uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -12,7 +12,7 @@ class LRU:
     summary = "least recently used first; the default for pools of other values than prompt chunks"
     fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = False
-    uses_probation = False
+    uses_queues = False
     uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -45,7 +45,7 @@ class Prefix:
     )
     fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = True
-    uses_probation = False
+    uses_queues = False
     uses_sketch = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -12,7 +12,7 @@ class Priority:
     summary = "lowest put(priority=...) first, then least recent; pin what you rank high"
     fields: tuple[str, ...] = ("priority",)
     tracks_prefixes = False
-    uses_probation = False
+    uses_queues = False
     uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -1,29 +1,32 @@
-"""S3-FIFO (Yang et al., SOSP'23): a small probation queue in front of the main one.
+"""S3-FIFO (Yang et al., SOSP'23): a small FIFO queue in front of a main one, and a ghost.
 
-Most cached objects are read once ("one-hit wonders"); S3-FIFO puts every new
-entry in a small FIFO queue and evicts from it first while it holds more than
-``PROBATION_SHARE`` of the entries, so such entries leave quickly without
-pushing out what was read again. An entry read while on probation joins the
-main queue; an entry put again soon after its eviction (the ghost table
-remembers the keys evicted lately) skips probation.
+Most cached objects are read once ("one-hit wonders"). S3-FIFO puts a new
+entry in a small FIFO queue (here: probation) that holds ``SMALL_SHARE`` of the
+entries; when the small queue is at its share, its oldest entry leaves: to the
+main queue if it was read meanwhile, else out of the pool, its key kept in a
+ghost FIFO as long as the main queue's share. A key put again while in the
+ghost skips the small queue. The main queue is a FIFO with reinsertion: its
+oldest entry, if read since it was queued (a 2-bit count, at most 3), goes
+back to the head with one read less, else it is evicted.
 
-As a score over sampled candidates: probation entries rank first while the
-queue is over its share, oldest first (an entry on probation was never read,
-so its last access is its insert); the main queue ranks least recently used
-first, which is what its reinsertion of read entries approximates. Unlike the
-paper's ghost, which holds the small queue's victims only, the ghost table
-holds every evicted key: one put again soon was needed, whichever queue it
-left.
+We run it exactly, on the segment's queues (``kvcache.queues``): each step is
+O(1), and the reinsertions per eviction are O(1) amortised (each undoes one
+read). The pool's capacity is taken as its live entries when it evicts (the
+pool is full then). ``score`` serves only explicit ``Pool.evict``, which ranks
+every entry at once: probation first, then least recently used.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..queues import MAIN, PROBATION, Queues
 from .base import Columns, ScoreContext
 
-PROBATION_SHARE = 0.1
+SMALL_SHARE = 0.1
 """The small queue's share of the entries (the paper's 10%)."""
+MAX_READS = 3
+"""The main queue's 2-bit read count."""
 
 
 class S3FIFO:
@@ -31,10 +34,42 @@ class S3FIFO:
     summary = "new entries on probation first (small FIFO + main + ghost); keys mostly read once"
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
-    uses_probation = True
+    uses_queues = True
     uses_sketch = False
+    recalls_before_evicting = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
-        if ctx.num_probation <= PROBATION_SHARE * ctx.num_live:
-            return np.zeros(len(columns["probation"]))
         return (columns["probation"] != 0).astype(np.float64)
+
+    def admit(self, queues: Queues, eid: int, recalled: int) -> None:
+        """Queue a new entry: in main if its key was a ghost (``recalled`` >= 0), else small."""
+        queues.set_reads(eid, 0)
+        queues.lists.push(eid, MAIN if recalled >= 0 else PROBATION)
+
+    def miss(self, queues: Queues, recalled: int) -> None:
+        """A key not held is about to be put: nothing to adapt (S3-FIFO's shares are fixed)."""
+
+    def hit(self, queues: Queues, eid: int) -> None:
+        queues.set_reads(eid, min(queues.reads(eid) + 1, MAX_READS))
+
+    def victim(self, queues: Queues, recalled: int) -> int:
+        """The entry to evict now (the pool is full), after the moves that find it."""
+        capacity = queues.num_probation + queues.num_main
+        small = max(1, int(capacity * SMALL_SHARE))
+        lists = queues.lists
+        if queues.num_probation >= small or not queues.num_main:
+            while (oldest := lists.tail(PROBATION)) >= 0:
+                if not queues.reads(oldest):
+                    queues.ghosts.add(queues.key_hash(oldest), PROBATION)
+                    while queues.ghosts.count(PROBATION) > capacity - small:
+                        queues.ghosts.drop_oldest(PROBATION)
+                    return oldest
+                queues.set_reads(oldest, 0)  # read while small: to main, its count cleared
+                lists.move(oldest, MAIN)
+        while True:
+            oldest = lists.tail(MAIN)
+            reads = queues.reads(oldest)
+            if not reads:
+                return oldest
+            queues.set_reads(oldest, reads - 1)
+            lists.move(oldest, MAIN)

@@ -12,7 +12,7 @@ class Size:
     summary = "largest first; keeps many small prefixes instead of a few long ones"
     fields: tuple[str, ...] = ("num_pages",)
     tracks_prefixes = False
-    uses_probation = False
+    uses_queues = False
     uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -12,7 +12,7 @@ class TTL:
     summary = "soonest expiry first (no ttl = last); for time-bounded sessions"
     fields: tuple[str, ...] = ("expires_at",)
     tracks_prefixes = False
-    uses_probation = False
+    uses_queues = False
     uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

@@ -10,6 +10,7 @@ pools, one per policy and capacity, beside Belady's OPT as the ceiling.
 - ``outcome`` block hits, prefix-hit tokens and evictions of one run
 - ``plan``    capacities and policies asked for, the runs, run in processes
 - ``workers`` the processes that run them, which die with the one that started them
+- ``sweep``   hit ratio against capacity 0.5%-50%: curves, their knees, the size to buy
 """
 
 from .optimal import replay_optimal
@@ -25,6 +26,7 @@ from .plan import (
     runs_for,
 )
 from .replay import replay_pool
+from .sweep import SWEEP_SHARES, Curve, curves
 from .traces import MAX_LINE_BYTES, MAX_NESTING, Trace, TraceError, read_trace
 
 __all__ = [
@@ -33,12 +35,15 @@ __all__ = [
     "MAX_LINE_BYTES",
     "MAX_NESTING",
     "OPTIMAL",
+    "SWEEP_SHARES",
+    "Curve",
     "Outcome",
     "Run",
     "SimulationError",
     "Trace",
     "TraceError",
     "capacities_in_blocks",
+    "curves",
     "execute",
     "policies_named",
     "read_trace",
