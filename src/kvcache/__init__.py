@@ -8,6 +8,7 @@ parts, bottom up (each module opens with its own overview):
 - ``registry``  where pools outside /dev/shm (disk pools) live, by name
 - ``folders``   a new pool's folder from its tier (cpu, disk) and path, checked
 - ``owners``    whose pools and snapshots to trust (the caller's, root's, named ones)
+- ``safepath``  opening files at given paths so no other user can steer the open
 - ``memory``    what RAM, the cgroup and the folder can still give a reservation
 - ``builds``    leases on files under construction; removing abandoned ones
 - ``layout``    the binary layout: header, process table, entry table, live
@@ -19,7 +20,9 @@ parts, bottom up (each module opens with its own overview):
 - ``entries``   entry slots and the dense list of live entries
 - ``keys``      key validation and the 128-bit hash the index files keys by
 - ``index``     key hash -> entry, open addressing inside the segment
-- ``policies``  eviction scoring: lru, lfu, fifo, priority, ttl, size
+- ``policies``  eviction: scored (lru, lfu, fifo, priority, ttl, size, prefix) and queued
+                (s3fifo, arc)
+- ``queues``    the queued policies' lists and ghost ring inside the segment
 - ``codec``     bytes and numpy arrays in and out of pages, never pickled
 - ``recovery``  consistency check and repair from the entry table
 - ``transfer``  bytes between callers' buffers and an entry's pages
@@ -27,7 +30,8 @@ parts, bottom up (each module opens with its own overview):
 - ``durable``   disk pools: clean close, repair after an unclean stop
 - ``stored``    whole entries as they move: ``EntryRef``, ``StoredEntry``
 - ``tiers``     chains of pools: spill evicted entries down, promote hits below
-- ``accesslog`` the opt-in, bounded log of prefix requests every user of a pool writes
+- ``accesslog`` the opt-in, bounded log of prefix requests a pool's processes write
+- ``settings``  a pool's remote tier and access log: its owner's file, never the pool's bytes
 - ``pool``      ``Pool``: put/get/delete/evict/stats, wiring the above
 - ``remote``    a Redis / Valkey server or Cluster as a chain's last tier, shared by hosts
 - ``lifecycle`` create/open/destroy/list by name; retiring a pool others have open
