@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,8 @@ from .remote.reach import check_reachable, remote_spec
 from .settings import NONE as NO_SETTINGS
 from .settings import PoolSettings, read_settings, remove_settings, write_settings
 from .tiers import Below
+
+T = TypeVar("T")
 
 
 def create(
@@ -365,11 +367,12 @@ def stored_remote(pool: Pool) -> RemoteSpec | None:
 
 def stored_spill_to(pool: Pool) -> str | None:
     """The lower pool named in ``pool``'s header, or None (none, or a damaged name)."""
-    return _link(pool._segment, pool.name).spill_to
+    return _lower_pool(pool._segment)[0]
 
 
-def _link(seg: segment.Segment, name: str) -> Link:
-    """The link of a pool; a damaged lower pool name, or settings not to follow, are none."""
+def _lower_pool(seg: segment.Segment) -> tuple[str | None, int]:
+    """The lower pool a pool's header names (None: none, or a damaged name) and its
+    promote mode. The header alone: the settings file is read only where it is needed."""
     header = np.ndarray((), HEADER_DTYPE, buffer=seg.buffer)
     try:
         raw, promote = header["spill_to"].item(), int(header["promote"])
@@ -379,29 +382,36 @@ def _link(seg: segment.Segment, name: str) -> Link:
         lower = segment.validate_name(raw.decode("ascii")) if raw else None
     except (UnicodeDecodeError, InvalidArgument):
         lower = None  # damaged: the pool works on alone
-    return Link(lower, promote, read_settings(seg.path, name))
+    return lower, promote
 
 
 def _spill_to_of(name: str) -> str | None:
     """The lower pool named in pool ``name``'s header; None if none or it cannot be read."""
-    return chain_of(name).spill_to
+    return _from_header(name, lambda seg: _lower_pool(seg)[0], None)
 
 
 def chain_of(name: str) -> Link:
-    """Pool ``name``'s link; an empty one if it names none or cannot be read.
+    """Pool ``name``'s link; an empty one if it names none or cannot be read."""
+    return _from_header(
+        name, lambda seg: Link(*_lower_pool(seg), read_settings(seg.path, name)), Link()
+    )
 
-    Read from the header alone: no process slot, lock or (for a disk pool) clean-close
+
+def _from_header(name: str, read: Callable[[segment.Segment], T], default: T) -> T:
+    """``read`` of pool ``name``'s mapped file; ``default`` if it cannot be opened or read.
+
+    From the header alone: no process slot, lock or (for a disk pool) clean-close
     bookkeeping, as a full open would take, just to learn a few fixed fields.
     """
     try:
         seg = segment.attach(name, owners.TRUST_SELF)
     except KVCacheError:
-        return Link()
+        return default
     try:
         read_header(seg.buffer, seg.size_bytes, f"pool '{name}' ({seg.path})")
-        return _link(seg, name)
+        return read(seg)
     except KVCacheError:
-        return Link()
+        return default
     finally:
         seg.close()
 
