@@ -208,21 +208,19 @@ class AccessLogMixin:
             InvalidArgument: a bad size, a file that cannot be written, or a pool of
                 another user (only its owner may set its log).
         """
-        owner = os.fstat(self._segment.fd).st_uid
-        if owner != os.geteuid():
+        info = os.fstat(self._segment.fd)
+        if info.st_uid != os.geteuid():
             raise InvalidArgument(
-                f"only the pool's owner ({user_name(owner)}) may set pool '{self.name}''s "
-                "access log: its processes follow their owner's settings alone"
+                f"only the pool's owner ({user_name(info.st_uid)}) may set pool "
+                f"'{self.name}''s access log: its processes follow their owner's settings alone"
             )
         spec = None if path is None else log_spec(path, max_size)
-        with self._lock:  # two switches at once: one wins whole, and the serial counts both
-            pool_path = self._segment.path
-            settings = read_settings(pool_path, self.name)
-            write_settings(
-                pool_path,
-                dataclasses.replace(settings, access_log=spec),
-                os.fstat(self._segment.fd).st_mode,
-            )
+        # The file is replaced whole (two switches at once: one wins whole), outside the pool
+        # lock: its fsync must not stall every put and get; only the serial needs the lock.
+        pool_path = self._segment.path
+        settings = read_settings(pool_path, self.name)
+        write_settings(pool_path, dataclasses.replace(settings, access_log=spec), info.st_mode)
+        with self._lock:
             self._hq[H.settings_serial] += 1
         return spec
 
