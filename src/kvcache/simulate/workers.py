@@ -26,16 +26,14 @@ A worker's scratch pools leave nothing behind when it is killed: see
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from ..deathsig import die_with_parent
 
 
 @contextlib.contextmanager
@@ -65,18 +63,7 @@ def worker_pool(
 
 
 def _start_worker(parent: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
-    die_with_parent(parent)
+    die_with_parent(signal.SIGKILL, parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, forked in
     initializer(*initargs)
-
-
-def die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when its parent (``parent``, its pid) dies;
-    exit now if it already has."""
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:
-        os._exit(1)  # orphaned before the prctl: no signal would come

@@ -11,7 +11,6 @@ so a model that cannot load does not spin.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
+from ...deathsig import die_with_parent
 from ...errors import InvalidArgument
 
 log = logging.getLogger("kvcache.llama_server")
@@ -42,7 +42,6 @@ RESERVED_OPTIONS = frozenset(
 """Options the proxy sets itself (the server is the proxy's private backend)."""
 READY_TIMEOUT_S = 600.0
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 1.0, 60.0
-_PR_SET_PDEATHSIG = 1
 
 
 def find_server(binary: str | None) -> str:
@@ -69,9 +68,9 @@ def find_server(binary: str | None) -> str:
 
 
 def _end_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the proxy dies, however it dies (Linux's
-    PR_SET_PDEATHSIG), so a killed proxy leaves no server holding its memory and port."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the child, before exec: SIGTERM when the proxy dies, however it dies, so a
+    killed proxy leaves no server holding its memory and port."""
+    die_with_parent(signal.SIGTERM)
 
 
 def free_port() -> int:
