@@ -242,7 +242,7 @@ class StateCache:
             return None
         tokens = body[: 8 * num_tokens].view("<i8")
         return StateHit(
-            tokens, memoryview(value)[HEAD_BYTES + 8 * num_tokens :], _shared(tokens, query)
+            tokens, memoryview(value)[HEAD_BYTES + 8 * num_tokens :], shared_prefix(tokens, query)
         )
 
 
@@ -250,7 +250,7 @@ def _u64(value: int) -> bytes:
     return struct.pack("<Q", value)
 
 
-def _shared(a: np.ndarray, b: np.ndarray) -> int:
+def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """How many leading tokens two token arrays have in common."""
     size = min(len(a), len(b))
     differ = np.flatnonzero(a[:size] != b[:size])

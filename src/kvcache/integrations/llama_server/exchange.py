@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InvalidArgument
+from ...prefix.states import shared_prefix
 from .slotfile import read_tokens
-from .slots import shared_prefix
 from .store import Problems, StateStore
 from .upstream import Upstream, UpstreamError
 

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from ...prefix.states import shared_prefix
 from .exchange import SlotExchange
 from .forward import CacheWatch, Unreachable, error_response, forward
-from .slots import SlotTable, shared_prefix
+from .slots import SlotTable
 from .store import Problems
 from .upstream import Upstream, UpstreamError
 

@@ -26,15 +26,9 @@ from collections import deque
 import numpy as np
 
 from ...errors import InvalidArgument
+from ...prefix.states import shared_prefix
 
 _EMPTY = np.zeros(0, np.int64)
-
-
-def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading tokens two token arrays have in common."""
-    size = min(len(a), len(b))
-    differ = np.flatnonzero(a[:size] != b[:size])
-    return int(differ[0]) if differ.size else size
 
 
 class SlotTable:
