@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from . import builds
 from .errors import IncompatiblePoolError, PoolExistsError
 from .home import kvcache_home
+from .safepath import write_whole
 
 MAX_RECORD_BYTES = 4096
 """A record is one path (PATH_MAX is 4096); anything longer is not a record."""
@@ -101,19 +102,9 @@ def names() -> list[str]:
         return []
 
 
-def _write(name: str, folder: Path, place: object) -> None:
-    """Write ``folder`` to a temporary file and ``place(temp, record)`` it (link or rename)."""
+def _write(name: str, folder: Path, place: Callable[[Path, Path], None]) -> None:
+    """Write ``folder`` as the record of ``name``, placed by ``place`` (link or rename)."""
     home = registry_folder()
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temp = home / f".{name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            os.write(fd, os.fsencode(str(folder)))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        place(temp, home / name)  # type: ignore[operator]
-    finally:
-        temp.unlink(missing_ok=True)  # after a link the record keeps the data; a rename moved it
+    write_whole(home / name, os.fsencode(str(folder)), place=place)
     builds.fsync_folder(home)

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 from collections import deque
-from pathlib import PurePath
+from collections.abc import Callable
+from pathlib import Path, PurePath
 
 from .errors import InvalidArgument
 
@@ -89,6 +91,36 @@ def open_given(
         os.close(fd)
         raise
     return fd
+
+
+def write_whole(
+    path: Path,
+    data: bytes,
+    mode: int = 0o600,
+    place: Callable[[Path, Path], None] = os.replace,
+) -> None:
+    """Write ``data`` as the file ``path``, whole: a reader sees the old file or the new one.
+
+    The data goes to a temporary file beside ``path`` (a random name, opened
+    with ``O_EXCL | O_NOFOLLOW``, so nothing planted there is written through),
+    is synced, and is then placed by ``place``: ``os.replace``, or ``os.link``
+    to fail with ``FileExistsError`` where ``path`` exists.
+
+    Raises:
+        OSError: the folder cannot be written, or ``place`` failed.
+    """
+    temp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        place(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)  # after a link the file keeps the data; a rename moved it
 
 
 def check_folder(path: str | os.PathLike[str], what: str = "folder") -> None:

@@ -26,7 +26,6 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from .errors import InvalidArgument
 from .layout import H
 from .owners import user_name
 from .remote.urls import RemoteSpec
-from .safepath import UnsafePathError, open_given
+from .safepath import UnsafePathError, open_given, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +93,8 @@ def read_settings(pool_path: Path, pool_name: str) -> PoolSettings:
 def write_settings(pool_path: Path, settings: PoolSettings, mode: int) -> None:
     """Write (or with none, remove) the settings of a pool this process's user owns.
 
-    Written to a temporary file, fsynced and renamed, so a reader sees the old or
-    the new settings whole. ``mode`` is the pool's: group members may read the file
+    Written whole (:func:`~kvcache.safepath.write_whole`), so a reader sees the old or
+    the new settings. ``mode`` is the pool's: group members may read the file
     when they may read the pool, nobody but the owner writes it.
 
     Raises:
@@ -105,20 +104,10 @@ def write_settings(pool_path: Path, settings: PoolSettings, mode: int) -> None:
     if settings == NONE:
         remove_settings(pool_path)
         return
-    temp = path.parent / f"{path.name}.{secrets.token_hex(6)}"
     data = json.dumps(_encode(settings)).encode()
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.fchmod(fd, mode & 0o640)
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
+        write_whole(path, data, mode & 0o640)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            temp.unlink()
         raise InvalidArgument(
             f"cannot write the settings {path} ({exc.strerror or exc}): only the pool's "
             "owner may change its remote tier or access log"

@@ -14,6 +14,7 @@ from kvcache import InvalidArgument
 from kvcache.integrations.llama_server import identity, slotfile
 from kvcache.integrations.llama_server.exchange import check_private
 from kvcache.integrations.llama_server.slots import SlotTable
+from kvcache.safepath import UnsafePathError
 
 PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 1, "build_info": "b1-x"}
 
@@ -111,3 +112,15 @@ def test_the_slot_folder_must_be_private(tmp_path: Path) -> None:
         check_private(Path(__file__))
     with pytest.raises(InvalidArgument, match="No such file"):
         check_private(tmp_path / "missing")
+
+
+def test_the_slot_folder_must_lie_where_no_other_user_can_swap_it(tmp_path: Path) -> None:
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)  # not sticky: anyone may rename the private folder in it
+    folder = open_to_all / "slots"
+    folder.mkdir(mode=0o700)
+    with pytest.raises(UnsafePathError, match="slot folder"):
+        check_private(folder)
+    open_to_all.chmod(0o755)
+    assert check_private(folder) == folder

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ...prefix.states import shared_prefix
+from ...safepath import UnsafePathError, check_folder
 from .slotfile import read_tokens
 from .store import Problems, StateStore
 from .upstream import Upstream, UpstreamError
@@ -33,10 +34,15 @@ def check_private(folder: Path) -> Path:
     """``folder``, made absolute, if it is a directory only its owner -- this user -- can use.
 
     Raises:
-        InvalidArgument: it is missing, not a directory, another user's, or open to others.
+        InvalidArgument: it is missing, not a directory, another user's, or open to others,
+            or a folder above it is one another user may change (see :mod:`kvcache.safepath`).
     """
     try:
         info = os.stat(folder)
+        if stat.S_ISDIR(info.st_mode):  # and every folder above it, or another user may swap it
+            check_folder(folder, "slot folder")
+    except UnsafePathError:
+        raise
     except OSError as exc:
         raise InvalidArgument(f"slot folder {folder}: {exc.strerror}") from None
     if not stat.S_ISDIR(info.st_mode):

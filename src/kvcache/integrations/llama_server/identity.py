@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ...home import kvcache_home
 from ...prefix import StateLayout
+from ...safepath import write_whole
 
 ENGINE = "llama-server"
 _ALIASES = {
@@ -144,10 +145,8 @@ def model_digest(path: str | os.PathLike[str], cache_folder: Path | None = None)
             hasher.update(block)
     digest = hasher.hexdigest()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        temporary = memo.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(f"{stamp}\n{digest}")
-        temporary.replace(memo)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_whole(memo, f"{stamp}\n{digest}".encode())
     except OSError:
         pass
     return f"gguf-blake2b:{stat.st_size}:{digest}"
