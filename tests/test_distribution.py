@@ -55,6 +55,8 @@ def test_the_wheel_carries_its_license_types_schemas_and_commands(dist: dict[str
         entry_points = wheel.read(next(n for n in names if n.endswith("entry_points.txt")))
     assert "kvcache/py.typed" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+    assert any(name.endswith("licenses/src/kvcache/_native/LICENSE.xxhash") for name in names)
+    assert any(name.startswith("kvcache/_copysum.") and name.endswith(".so") for name in names)
     assert {"kvcache/schemas/status.json", "kvcache/schemas/metrics.json"} <= set(names)
     assert "License-Expression: Apache-2.0" in meta
     assert "Description-Content-Type: text/markdown" in meta
@@ -69,6 +71,7 @@ def test_the_sdist_holds_what_a_rebuild_needs(dist: dict[str, Path]) -> None:
     with tarfile.open(dist["sdist"]) as sdist:
         names = {name.partition("/")[2] for name in sdist.getnames()}
     assert {"LICENSE", "README.md", "pyproject.toml", "src/kvcache/py.typed"} <= names
+    assert {"src/kvcache/_native/copysum.c", "src/kvcache/_native/xxhash.h"} <= names
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,8 @@ def test_a_plain_install_runs_the_life_cycle(clean_venv: Path, name: str) -> Non
     env, bin_ = _plain_env(), clean_venv / "bin"
     where = _run(bin_ / "python", "-c", "import kvcache; print(kvcache.__file__)", env=env)
     assert where.startswith(str(clean_venv)), where  # the wheel's, not this checkout's
+    engine = _run(bin_ / "python", "-c", "from kvcache import native; print(native.engine())")
+    assert engine.strip() == "compiled"  # the wheel carries the extension it built
     assert "created pool" in _run(bin_ / "kvcache", "create", name, "--size", "8M", env=env)
     store = f"import kvcache\nwith kvcache.open({name!r}) as pool: pool.put('prompt', b'kv')"
     _run(bin_ / "python", "-c", store, env=env)

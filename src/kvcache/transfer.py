@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from . import codec
+from . import codec, native
 from .allocator import Run
 from .errors import corrupt
 
@@ -205,6 +205,24 @@ def checksum(
     for view in views:
         digest.update(view)
     return digest.intdigest()
+
+
+def scatter_summed(
+    targets: list[memoryview],
+    pieces: tuple[bytes | memoryview, ...],
+    fields: tuple[int, int, int, int],
+) -> int:
+    """:func:`scatter` ``pieces`` into ``targets`` and return their :func:`checksum` (with
+    ``fields``: flags, key_len, header_len, value_len).
+
+    Compiled, it is one pass: each stretch is summed while it is in the CPU's
+    cache and copied from there, so the caller's bytes are read from memory once.
+    """
+    if native.sum_and_copy is None:
+        digest = checksum(pieces, *fields)
+        scatter(targets, pieces)
+        return digest
+    return native.sum_and_copy((RECORD_FIELDS.pack(*fields),), pieces, targets)
 
 
 def as_word(value: int) -> int:

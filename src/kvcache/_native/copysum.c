@@ -1,0 +1,144 @@
+/* Copy and checksum in one pass: each stretch is summed while it is in the CPU's
+ * cache, then copied from there, so a value's bytes cross the memory bus once on
+ * the way in and once on the way out, instead of once more for the sum.
+ *
+ * The sum is XXH3-64 over the same bytes, in the same order, as kvcache.transfer's
+ * pure-Python path (the xxhash module), so a pool written by either is read by both.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+/* xxhash inline, and XXH3_64bits_update picking SSE2, AVX2 or AVX-512 at run time */
+#include "xxh_x86dispatch.c"
+#include "xxh_x86dispatch.h"
+#else
+#define XXH_INLINE_ALL /* NEON on aarch64, chosen when compiling */
+#include "xxhash.h"
+#endif
+
+/* Bytes summed and then copied per step: small enough to stay in L1 between the sum
+ * and the copy, large enough that each step's call costs are noise. */
+#ifndef STRETCH
+#define STRETCH ((Py_ssize_t)16384)
+#endif
+/* Below this many bytes in all the GIL is kept: releasing it costs more than the work. */
+#define RELEASE_GIL_BYTES ((Py_ssize_t)65536)
+
+typedef struct {
+    Py_buffer *views;
+    Py_ssize_t count;
+} Buffers;
+
+static void release(Buffers *buffers) {
+    for (Py_ssize_t i = 0; i < buffers->count; i++) PyBuffer_Release(&buffers->views[i]);
+    PyMem_Free(buffers->views);
+    buffers->views = NULL;
+    buffers->count = 0;
+}
+
+/* Take a buffer of each item of a sequence (writable ones for targets). */
+static int acquire(PyObject *sequence, int writable, Buffers *out, Py_ssize_t *total) {
+    PyObject *fast = PySequence_Fast(sequence, "expected a sequence of buffers");
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    out->views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
+    out->count = 0;
+    *total = 0;
+    if (out->views == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &out->views[i], flags) < 0) {
+            Py_DECREF(fast);
+            release(out);
+            return -1;
+        }
+        out->count = i + 1;
+        *total += out->views[i].len;
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* Sum ``sources`` while copying them back to back into ``targets``. */
+static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buffers *targets) {
+    Py_ssize_t t = 0, filled = 0;
+    for (Py_ssize_t s = 0; s < sources->count; s++) {
+        const char *from = sources->views[s].buf;
+        Py_ssize_t left = sources->views[s].len;
+        while (left > 0) {
+            while (targets->views[t].len == filled) {
+                t++;
+                filled = 0;
+            }
+            Py_ssize_t room = targets->views[t].len - filled;
+            Py_ssize_t take = left < STRETCH ? left : STRETCH;
+            if (take > room) take = room;
+            XXH3_64bits_update(state, from, (size_t)take);
+            memcpy((char *)targets->views[t].buf + filled, from, (size_t)take);
+            from += take;
+            left -= take;
+            filled += take;
+        }
+    }
+}
+
+PyDoc_STRVAR(sum_and_copy_doc,
+"sum_and_copy(summed, sources, targets) -> int\n\n"
+"XXH3-64 of the buffers ``summed`` then ``sources``, back to back, as an unsigned\n"
+"int; ``sources`` are copied back to back into the writable ``targets`` (which\n"
+"must hold at least as many bytes) in the same pass. The GIL is released while\n"
+"large copies run.");
+
+static PyObject *sum_and_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "sum_and_copy takes summed, sources and targets");
+        return NULL;
+    }
+    Buffers summed = {0}, sources = {0}, targets = {0};
+    Py_ssize_t summed_bytes, source_bytes, target_bytes;
+    PyObject *result = NULL;
+    if (acquire(args[0], 0, &summed, &summed_bytes) < 0) return NULL;
+    if (acquire(args[1], 0, &sources, &source_bytes) < 0) goto done;
+    if (acquire(args[2], 1, &targets, &target_bytes) < 0) goto done;
+    if (target_bytes < source_bytes) {
+        PyErr_Format(PyExc_ValueError, "targets hold %zd bytes, fewer than the %zd to copy",
+                     target_bytes, source_bytes);
+        goto done;
+    }
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    XXH64_hash_t digest;
+    int release_gil = summed_bytes + source_bytes >= RELEASE_GIL_BYTES;
+    PyThreadState *saved = release_gil ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < summed.count; i++)
+        XXH3_64bits_update(&state, summed.views[i].buf, (size_t)summed.views[i].len);
+    copy_summing(&state, &sources, &targets);
+    digest = XXH3_64bits_digest(&state);
+    if (release_gil) PyEval_RestoreThread(saved);
+    result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
+done:
+    release(&summed);
+    release(&sources);
+    release(&targets);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"sum_and_copy", (PyCFunction)(void (*)(void))sum_and_copy, METH_FASTCALL, sum_and_copy_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kvcache._copysum",
+    "Copy and XXH3-64 checksum in one pass (see kvcache.transfer).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__copysum(void) { return PyModule_Create(&module); }

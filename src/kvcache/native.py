@@ -1,0 +1,38 @@
+"""kvcache's compiled parts, where the install built them.
+
+The C extension is optional: ``pip install`` builds it where a C compiler is
+found and goes on without it where none is. Every compiled function has a
+pure-Python twin that gives the same result byte for byte, so a pool written by
+a process with the extension is read by one without, and the other way round.
+``KVCACHE_PURE_PYTHON=1`` in the environment takes the pure-Python path even
+where the extension is built (the tests run both).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+SumAndCopy = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], int]
+
+
+def _load() -> SumAndCopy | None:
+    if os.environ.get("KVCACHE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from ._copysum import sum_and_copy
+    except ImportError:
+        return None
+    return sum_and_copy  # type: ignore[no-any-return]
+
+
+sum_and_copy: SumAndCopy | None = _load()
+"""``sum_and_copy(summed, sources, targets)``: the XXH3-64 of the buffers ``summed``
+then ``sources``, copying ``sources`` back to back into ``targets`` in the same pass
+(None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
+
+
+def engine() -> str:
+    """Which path this process takes: ``"compiled"`` or ``"pure-python"`` (for reports)."""
+    return "pure-python" if sum_and_copy is None else "compiled"

@@ -1,0 +1,159 @@
+"""The compiled copy-and-sum against its pure-Python twin (``kvcache.native``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcache import native, transfer
+
+compiled = pytest.mark.skipif(
+    native.sum_and_copy is None and bool(os.environ.get("KVCACHE_PURE_PYTHON")),
+    reason="KVCACHE_PURE_PYTHON is set: this run tests the pure-Python path",
+)
+
+
+@compiled
+def test_the_extension_is_built_by_the_install() -> None:
+    # setup.sh installs with a C compiler at hand: a missing extension is a build failure
+    assert native.sum_and_copy is not None
+    assert native.engine() == "compiled"
+
+
+@compiled
+def test_pure_python_is_chosen_by_the_environment() -> None:
+    code = "from kvcache import native; print(native.engine())"
+    for value, engine in (("1", "pure-python"), ("0", "compiled"), ("", "compiled")):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "KVCACHE_PURE_PYTHON": value},
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        assert out == engine
+
+
+def _split(data: bytes | memoryview, cuts: list[int]) -> list[Any]:
+    """``data`` cut at ``cuts`` (taken modulo its length) into adjacent pieces."""
+    edges = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in pairwise(edges)]
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=40_000),
+    st.lists(st.integers(0, 40_000), max_size=4),
+    st.lists(st.integers(0, 40_000), max_size=4),
+    st.binary(max_size=64),
+    st.integers(0, 9),
+)
+def test_one_pass_sums_and_copies_as_the_two_passes_do(
+    data: bytes, source_cuts: list[int], target_cuts: list[int], head: bytes, slack: int
+) -> None:
+    assert native.sum_and_copy is not None
+    sources = _split(data, source_cuts)
+    window = bytearray(b"\xee" * (len(data) + slack))
+    targets = _split(memoryview(window), target_cuts)
+    digest = native.sum_and_copy([head], sources, targets)
+    assert digest == xxhash.xxh3_64(head + data).intdigest()
+    assert bytes(window[: len(data)]) == data
+    assert window[len(data) :] == b"\xee" * slack  # nothing written past the copy
+
+
+@compiled
+def test_scatter_summed_matches_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    pieces = (b"key", b"header", rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes())
+    fields = (1, 3, 6, 3 << 20)
+    results = []
+    for path in (native.sum_and_copy, None):  # compiled, then the pure-Python twin
+        monkeypatch.setattr(native, "sum_and_copy", path)
+        window = bytearray(sum(map(len, pieces)) + 5)
+        views = [memoryview(window)[:1000], memoryview(window)[1000:]]
+        results.append((transfer.scatter_summed(views, pieces, fields), bytes(window)))
+    assert results[0] == results[1]
+    assert results[0][0] == transfer.checksum(pieces, *fields)
+    # negative control: another field changes the sum
+    assert results[0][0] != transfer.checksum(pieces, 0, 3, 6, 3 << 20)
+
+
+@compiled
+def test_bad_buffers_are_refused_not_written_past() -> None:
+    assert native.sum_and_copy is not None
+    small = bytearray(3)
+    with pytest.raises(ValueError, match="fewer than"):
+        native.sum_and_copy([], [b"four"], [small])
+    assert small == bytearray(3)
+    with pytest.raises(BufferError):
+        native.sum_and_copy([], [b"ab"], [b"read-only"])
+    with pytest.raises(TypeError):
+        native.sum_and_copy([], [1], [small])
+    with pytest.raises(TypeError):
+        native.sum_and_copy([], 5, [])  # type: ignore[arg-type]
+    strided = np.zeros(8, np.uint8)[::2]
+    with pytest.raises((BufferError, ValueError)):
+        native.sum_and_copy([], [b"ab"], [strided])
+
+
+ASAN_DRIVER = """
+import importlib.util, random, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("kvcache._copysum", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+rng = random.Random(7)
+for _ in range(3000):
+    data = rng.randbytes(rng.choice([0, 1, 100, 16383, 16384, 16385, 70000]))
+    cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(4)))
+    sources = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    window = np.empty(len(data) + rng.randrange(3), np.uint8)  # malloc'd whole: ASAN's redzones
+    edges = sorted(rng.randrange(len(window) + 1) for _ in range(rng.randrange(4)))
+    targets = [memoryview(window)[a:b] for a, b in zip([0, *edges], [*edges, len(window)])]
+    module.sum_and_copy([data[:9]], sources, targets)
+    assert window[: len(data)].tobytes() == data
+    try:
+        module.sum_and_copy([], [data + b"x"], [memoryview(window)[: len(data)]])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a short target was accepted")
+print("clean")
+"""
+
+
+@compiled
+def test_the_extension_is_clean_under_address_sanitizer(tmp_path: Path) -> None:
+    """Built with -fsanitize=address and driven over every edge of its stretch loop."""
+    import sysconfig
+
+    source = Path(native.__file__).parent / "_native" / "copysum.c"
+    library = tmp_path / f"_copysum{sysconfig.get_config_var('EXT_SUFFIX')}"
+    subprocess.run(
+        ["gcc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+         "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
+         "-o", str(library)],
+        check=True,
+    )
+    runtime = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    driver = tmp_path / "driver.py"
+    driver.write_text(ASAN_DRIVER)
+    run = subprocess.run(
+        [sys.executable, str(driver), str(library)],
+        env={**os.environ, "LD_PRELOAD": runtime, "ASAN_OPTIONS": "detect_leaks=0",
+             "PYTHONMALLOC": "malloc",
+             "UBSAN_OPTIONS": "halt_on_error=1"},
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr[-3000:]
