@@ -1,0 +1,94 @@
+"""Copy and checksum: one pass (the compiled ``kvcache._copysum``) against two, and the raw copy.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_copysum.py          # about 40 s
+    .venv/bin/python benchmarks/bench_copysum.py --quick  # smoke variant (CI)
+
+Why: a put sums a value (XXH3-64, the checksum every read can verify) and copies
+it into the pool. Done as two passes, the caller's bytes come from memory twice;
+in one pass each 16 KiB stretch is summed while it is in the CPU's cache and
+copied from there.
+
+Method: each value size copies through a working set larger than the CPU's last
+cache (512 MiB; ``--quick`` 128 MiB), a fresh stretch of source and target per
+value, as values reach a pool in use; a second table repeats one value in place
+(source and target stay cached: the case a loop over one buffer measures). The
+three ways take turns within each repeat and the table shows the median rate and
+its ratio to the raw ``numpy.copyto`` of the same repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import xxhash
+
+from bench_pool import print_table
+from kvcache import native
+
+Copy = Callable[[np.ndarray, np.ndarray], object]
+
+
+def _ways() -> dict[str, Copy]:
+    if native.sum_and_copy is None:
+        sys.exit("kvcache._copysum is not built (or KVCACHE_PURE_PYTHON is set): nothing to time")
+    one_pass = native.sum_and_copy
+    return {
+        "raw copy (numpy.copyto)": lambda source, target: np.copyto(target, source),
+        "sum, then copy (xxhash)": lambda source, target: (
+            xxhash.xxh3_64_intdigest(source),
+            np.copyto(target, source),
+        ),
+        "sum and copy in one pass": lambda source, target: one_pass((), (source,), (target,)),
+    }
+
+
+def _rates(size: int, working_set: int, repeats: int, in_place: bool) -> dict[str, list[float]]:
+    """GB/s of each way per repeat, copying ``working_set`` bytes in values of ``size``."""
+    count = working_set // size
+    span = size if in_place else working_set
+    source = np.random.default_rng(0).integers(0, 256, span, dtype=np.uint8)
+    target = np.ones(span, np.uint8)  # touched: no page faults in the timed copies
+    rates: dict[str, list[float]] = {name: [] for name in _ways()}
+    for _ in range(repeats):
+        for name, way in _ways().items():
+            began = time.perf_counter()
+            for i in range(count):
+                at = 0 if in_place else i * size
+                way(source[at : at + size], target[at : at + size])
+            rates[name].append(count * size / (time.perf_counter() - began) / 1e9)
+    return rates
+
+
+def _table(title: str, sizes: list[int], working_set: int, repeats: int, in_place: bool) -> None:
+    rows = []
+    for size in sizes:
+        rates = _rates(size, working_set, repeats, in_place)
+        raw = rates["raw copy (numpy.copyto)"]
+        for name, measured in rates.items():
+            ratio = statistics.median(m / r for m, r in zip(measured, raw, strict=True))
+            rows.append((f"{size >> 10} KiB  {name}", f"{statistics.median(measured):.1f}",
+                         f"{ratio:.2f}"))
+        rows.append(("", "", ""))
+    print_table(title, ("value, way", "GB/s", "of raw"), rows[:-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller working set (CI smoke)")
+    args = parser.parse_args()
+    working_set, repeats = (128 << 20, 3) if args.quick else (512 << 20, 7)
+    sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+    _table(f"Values through a {working_set >> 20} MiB working set (from memory)",
+           sizes, working_set, repeats, in_place=False)
+    _table("One value again and again (cached)", sizes, 64 << 20, repeats, in_place=True)
+
+
+if __name__ == "__main__":
+    main()
