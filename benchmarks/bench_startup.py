@@ -15,15 +15,16 @@ Why: an operator types ``kvcache status`` and a script runs ``kvcache list --jso
 loop; both should answer at once (the goal: well under 0.25 s on a quiet machine).
 
 Method: each row runs its command in a new interpreter, the rows taking turns so that
-load falls on all alike, and shows the median wall time. ``python -c pass`` is the
-interpreter's own start; ``import numpy`` is the floor of any command that opens a pool
-(the pool's tables are numpy views). The largest imports of ``kvcache list`` follow,
-from ``python -X importtime`` (cumulative microseconds, self included).
+load falls on all alike, and shows the median wall time and the median CPU time (user and
+system: less swayed by other jobs than the wall time, so a better guide on a busy
+machine). ``python -c pass`` is the interpreter's own start; ``import numpy`` is the floor
+of any command that opens a pool (the pool's tables are numpy views). The largest imports
+of ``kvcache list`` follow, from ``python -X importtime`` (cumulative, self included).
 
 Bytecode is compiled once, in an untimed first round, into a folder of the benchmark's own
 (``PYTHONPYCACHEPREFIX``), as an installed package has it (pip compiles on install):
 with ``PYTHONDONTWRITEBYTECODE`` set, as on our CI machines, every start would compile
-every module again, which adds about 100 ms to ``kvcache list`` and measures the compiler.
+each of kvcache's modules again, and the rows would measure the compiler.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,13 +73,17 @@ def _rows(name: str, baseline: str | None, pycache: str) -> dict[str, Row]:
     return rows
 
 
-def _timed(row: Row) -> float:
+def _timed(row: Row) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one run of ``row``."""
     command, env = row
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
         command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     )
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def _largest_imports(count: int, env: dict[str, str]) -> list[tuple[str, int]]:
@@ -109,25 +115,27 @@ def main(argv: list[str] | None = None) -> None:
             rows = _rows(name, args.baseline, pycache)
             for row in rows.values():  # compiles the bytecode: not timed
                 _timed(row)
-            times: dict[str, list[float]] = {label: [] for label in rows}
+            times: dict[str, list[tuple[float, float]]] = {label: [] for label in rows}
             for _ in range(3 if args.quick else 15):
                 for label, row in rows.items():
                     times[label].append(_timed(row))
             largest = _largest_imports(12, rows["kvcache list"][1])
     finally:
         kvcache.destroy(name)
-    floor = statistics.median(times["python -c pass"])
+    wall = {label: statistics.median(w for w, _ in t) for label, t in times.items()}
+    cpu = {label: statistics.median(c for _, c in t) for label, t in times.items()}
     load = f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     print_table(
         f"Start-up, fresh processes, median of {len(times['python -c pass'])} ({load})",
-        ["command", "median", "over python -c pass"],
+        ["command", "wall", "over python -c pass", "CPU"],
         [
             (
                 label,
-                f"{statistics.median(t) * 1e3:.0f} ms",
-                f"+{(statistics.median(t) - floor) * 1e3:.0f} ms",
+                f"{wall[label] * 1e3:.0f} ms",
+                f"+{(wall[label] - wall['python -c pass']) * 1e3:.0f} ms",
+                f"{cpu[label] * 1e3:.0f} ms",
             )
-            for label, t in times.items()
+            for label in times
         ],
     )
     print_table("python -X importtime of kvcache list", ["module", "cumulative"], [
