@@ -60,6 +60,8 @@ def test_the_wheel_carries_its_license_types_schemas_and_commands(dist: dict[str
     assert {"kvcache/schemas/status.json", "kvcache/schemas/metrics.json"} <= set(names)
     assert "License-Expression: Apache-2.0" in meta
     assert "Description-Content-Type: text/markdown" in meta
+    urls = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Project-URL")]
+    assert {url.split(",")[0] for url in urls} == {"Homepage", "Documentation", "Source", "Issues"}
     requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist")]
     assert "Requires-Dist: rich>=13" in requires  # the command line works without extras
     assert 'Requires-Dist: redis[hiredis]>=5.0; extra == "redis"' in requires

@@ -2,12 +2,18 @@
 link or a stale API reference fails), its Python blocks run, every ``kvcache`` command
 line in it parses with the real grammar, and the README's links lead somewhere.
 
-A block that cannot run here (it needs a model, a GPU, a server or a path of a real
-install) is preceded by ``<!-- not run: REASON -->``; the reason is required.
+A block that needs a model is preceded by ``<!-- run with: NAME -->``: it runs after the
+code of ``docs_given.GIVEN[NAME]``, which builds a tiny one (nothing is downloaded). A block
+that cannot run here (it needs a GPU, a server or a path of a real install) is preceded by
+``<!-- not run: REASON -->``; the reason is required. The programs of this repository
+that a shell block runs (``./scripts/demo.sh``, ``python examples/store_kv.py``,
+``sudo contrib/systemd/install.sh``) must be there, and a JSON argument must parse.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import shlex
@@ -20,12 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from docs_given import GIVEN
 from kvcache.cli import _joined_negative_values
 from kvcache.cli.parser import UsageError, build
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = re.compile(r"<!-- not run: (\S.*?) -->")
+RUN_WITH = re.compile(r"<!-- run with: (\S+) -->")
 COMMAND = re.compile(r"^(kvcache|cortex cache) (.*)$")
 
 
@@ -38,6 +46,7 @@ class Block:
     language: str
     text: str
     not_run: str | None  # the reason, when the block is marked not to run
+    given: str | None  # what it runs with (a key of docs_given.GIVEN)
 
 
 def blocks(page: Path) -> list[Block]:
@@ -52,8 +61,18 @@ def blocks(page: Path) -> list[Block]:
                 index += 1
             before = next((line for line in reversed(lines[:start]) if line.strip()), "")
             reason = NOT_RUN.fullmatch(before.strip())
+            given = RUN_WITH.fullmatch(before.strip())
             text = "\n".join(lines[start + 1 : index])
-            found.append(Block(page, start + 1, language, text, reason and reason.group(1)))
+            found.append(
+                Block(
+                    page,
+                    start + 1,
+                    language,
+                    text,
+                    reason and reason.group(1),
+                    given and given.group(1),
+                )
+            )
         index += 1
     return found
 
@@ -92,24 +111,37 @@ def test_the_readme_stays_short() -> None:
     [p for p in PAGES if any(b.language == "python" and not b.not_run for b in blocks(p))],
     ids=lambda page: page.name,
 )
-def test_the_python_blocks_of_a_page_run(page: Path, tmp_path: Path) -> None:
+def test_the_python_blocks_of_a_page_run(page: Path, disk: Path) -> None:
     """A page's Python blocks run in order in one interpreter, as a reader would paste them,
-    with pools in a folder of their own (``$KVCACHE_SHM_DIR``, on tmpfs)."""
-    code = "\n\n".join(b.text for b in blocks(page) if b.language == "python" and not b.not_run)
+    each after what it is given, with pools in a folder of their own (``$KVCACHE_SHM_DIR``,
+    on tmpfs) and ``$KVCACHE_HOME`` (the default folder of snapshots and disk pools) and
+    the working folder on a disk."""
+    run = [b for b in blocks(page) if b.language == "python" and not b.not_run]
+    givens = [GIVEN[b.given] for b in run if b.given]
+    missing = sorted({n for g in givens for n in g.needs if importlib.util.find_spec(n) is None})
+    if missing:
+        pytest.skip(f"{page.name} runs with {', '.join(missing)}, not installed")
+    code = "\n\n".join((GIVEN[b.given].code if b.given else "") + b.text for b in run)
     shm = Path("/dev/shm") / f"kvcache-docs-{uuid.uuid4().hex[:10]}"
     shm.mkdir()
     try:
         result = subprocess.run(
             [sys.executable, "-c", code],
-            cwd=tmp_path,
+            cwd=disk,
             capture_output=True,
             text=True,
-            timeout=300,
-            env={**os.environ, "KVCACHE_SHM_DIR": str(shm), "KVCACHE_HOME": str(tmp_path)},
+            timeout=600,
+            env={**os.environ, "KVCACHE_SHM_DIR": str(shm), "KVCACHE_HOME": str(disk)},
         )
     finally:
         shutil.rmtree(shm)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_every_given_a_page_names_exists() -> None:
+    named = {b.given for b in ALL if b.given}
+    assert named and named <= set(GIVEN)
+    assert all(b.language == "python" for b in ALL if b.given)
 
 
 def command_line(line: str, language: str) -> str | None:
@@ -150,6 +182,71 @@ def test_every_command_line_in_the_docs_parses(block: Block, line: str) -> None:
         pytest.fail(f"{block.page.name}:{block.line}: {line!r} does not parse: {exc}")
     except SystemExit as exc:  # --help, --version: printed, and a clean exit
         assert exc.code == 0
+
+
+def shell_commands(block: Block) -> list[list[str]]:
+    """The commands of a shell block (or the ``$ `` lines of an output block), split as the
+    shell would: comments dropped, ``\\``-continued lines and quotes across lines joined,
+    apart at ``|``, ``&&`` and ``;``, redirections left out."""
+    lines = block.text.splitlines()
+    if block.language == "":
+        lines = [line[2:] for line in lines if line.startswith("$ ")]
+    commands: list[list[str]] = [[]]
+    pending = ""
+    for line in lines:
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            words = shlex.split(pending.replace("\\\n", " "), comments=True)
+        except ValueError:  # a quote still open: the command goes on
+            continue
+        if pending.endswith("\\"):
+            continue
+        pending, redirected = "", False
+        for word in words:
+            if word in ("|", "&&", ";"):
+                commands.append([])
+            elif word in (">", ">>", "2>", "<"):
+                redirected = True
+            elif not redirected:
+                commands[-1].append(word)
+            else:
+                redirected = False
+        commands.append([])
+    return [words[1:] if words[0] == "sudo" else words for words in commands if words]
+
+
+SHELL_COMMANDS = [
+    (block, words)
+    for block in ALL
+    if block.language in ("", "bash") and not block.not_run
+    for words in shell_commands(block)
+]
+
+
+def test_the_programs_a_shell_block_runs_are_there() -> None:
+    checked = 0
+    for block, words in SHELL_COMMANDS:
+        where = f"{block.page.name}:{block.line}: {shlex.join(words)}"
+        program = words[1] if words[0] in ("python", "python3") and len(words) > 1 else words[0]
+        if "/" in program and not program.startswith(("/", ".venv")):  # .venv*: made by setup
+            path = ROOT / program
+            assert path.is_file(), f"{where}: no {program} in the repository"
+            assert program.endswith(".py") or os.access(path, os.X_OK), f"{where}: not executable"
+            checked += 1
+    assert checked >= 5
+
+
+def test_a_json_argument_in_a_shell_block_parses() -> None:
+    configs = [
+        json.loads(words[i + 1])
+        for _, words in SHELL_COMMANDS
+        for i, word in enumerate(words[:-1])
+        if word == "--kv-transfer-config"
+    ]
+    assert configs
+    for config in configs:
+        assert importlib.util.find_spec(config["kv_connector_module_path"]) is not None
+        assert config["kv_connector"] == "KVCacheConnector"
 
 
 def test_the_docs_show_many_command_lines() -> None:

@@ -23,17 +23,13 @@ CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "corte
 KVCACHE = shutil.which("kvcache", path=str(Path(sys.executable).parent)) or "kvcache"
 EXTRAS_ONLY = {
     "kvcache.__main__": "runs the command line on import",
-    "kvcache.cli.commands": "rich",
-    "kvcache.cli.operations": "rich",
-    "kvcache.cli.output": "rich",
-    "kvcache.cli.shell": "rich",
-    "kvcache.cli.simulating": "rich",
+    "kvcache.cli.bars": "rich",
+    "kvcache.cli.terminal": "rich",
     "kvcache.integrations.devices": "torch",
     "kvcache.integrations.llama_cpp": "llama-cpp-python",
     "kvcache.integrations.transformers": "torch, transformers",
     "kvcache.integrations.vllm": "vllm (and its submodules, which the package imports first)",
     "kvcache.metrics": "prometheus_client",
-    "kvcache.cli.llama_server": "rich",
 }
 """Modules that may need an extra (or are not for importing); every other one must not."""
 _PROXY_MODULES = "app exchange forward identity proxy slotfile slots store supervisor upstream"
@@ -190,7 +186,7 @@ def test_importing_the_library_and_its_command_line_leaves_redis_unloaded() -> N
 
 
 def test_the_blocker_really_blocks(tmp_path: Path) -> None:
-    result = _without({"rich"}, tmp_path, sys.executable, "-c", "import kvcache.cli.output")
+    result = _without({"rich"}, tmp_path, sys.executable, "-c", "import kvcache.cli.terminal")
     assert result.returncode != 0 and "No module named 'rich" in result.stderr
 
 

@@ -52,7 +52,11 @@ Typical use::
     kvcache.persist(pool)                # a snapshot file; kvcache.restore brings it back
 """
 
-from .config import PoolConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     AddressSpaceError,
     CorruptPoolError,
@@ -74,19 +78,22 @@ from .errors import (
     UntrustedOwnerError,
     ValueTooLargeError,
 )
-from .lifecycle import adopt, create, destroy, list_pools, open
-from .pool import Pool
-from .prefix import KVLayout, PrefixCache
-from .reports import EvictionResult, PoolStats, RemoteStats
-from .snapshot import (
-    RestoreReport,
-    SnapshotInfo,
-    inspect_snapshot,
-    persist,
-    restore,
-    restore_with_report,
-)
-from .units import format_size, parse_duration, parse_size
+
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports each on first use
+    from .config import PoolConfig
+    from .lifecycle import adopt, create, destroy, list_pools, open
+    from .pool import Pool
+    from .prefix import KVLayout, PrefixCache
+    from .reports import EvictionResult, PoolStats, RemoteStats
+    from .snapshot import (
+        RestoreReport,
+        SnapshotInfo,
+        inspect_snapshot,
+        persist,
+        restore,
+        restore_with_report,
+    )
+    from .units import format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
 
@@ -132,3 +139,52 @@ __all__ = [
     "restore",
     "restore_with_report",
 ]
+
+_LAZY = {
+    "PoolConfig": "config",
+    **dict.fromkeys(("adopt", "create", "destroy", "list_pools", "open"), "lifecycle"),
+    "Pool": "pool",
+    **dict.fromkeys(("KVLayout", "PrefixCache"), "prefix"),
+    **dict.fromkeys(("EvictionResult", "PoolStats", "RemoteStats"), "reports"),
+    **dict.fromkeys(
+        (
+            "RestoreReport",
+            "SnapshotInfo",
+            "inspect_snapshot",
+            "persist",
+            "restore",
+            "restore_with_report",
+        ),
+        "snapshot",
+    ),
+    **dict.fromkeys(("format_size", "parse_duration", "parse_size"), "units"),
+}
+"""Where each public name lives. ``import kvcache`` loads none of them: a command that only
+prints its version, or an engine that only needs ``PrefixCache``, does not pay for numpy
+and every layer of ``Pool`` (about 200 ms when all of it was imported up front)."""
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name stays an error there
+
+    def __getattr__(name: str) -> Any:
+        """``kvcache.NAME`` on first use (PEP 562): a public name from its module, or a
+        submodule (``kvcache.segment``), imported now and kept, so later uses are plain
+        attribute reads."""
+        module = _LAZY.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(f".{module}", __name__), name)
+        elif name.startswith("_"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        else:
+            try:
+                value = importlib.import_module(f".{name}", __name__)
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise  # the submodule exists; something it imports is missing
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,8 +1,11 @@
 """The command line over the kvcache Python API: ``kvcache COMMAND ...``.
 
 - ``parser``: the grammar (every command with an example in ``--help``)
-- ``commands``: one function per command, calling only public API
-- ``output``: tables, progress bars and ``--json`` documents
+- ``commands``: the pool commands (create, list, status, ...), calling only public API;
+  ``operations`` (stats, metrics, status --watch), ``simulating`` (simulate), ``shell``
+  (completion, man) and ``llama_server`` hold the others
+- ``output``: tables, progress bars and ``--json`` documents; ``terminal`` and ``bars``
+  are its rich side
 
 Two console scripts run the same commands, spelled here once: ``kvcache``
 (``kvcache create ...``, also ``python -m kvcache``) and ``cortex``, the first
@@ -26,13 +29,21 @@ traceback) or when ``health`` finds problems it did not repair; 130 on Ctrl-C
 they are meant to end.
 
 Only the command line needs ``rich`` (a dependency of the package): inference
-engines import the library without loading it, so ``commands`` and ``output``
-are imported when a command runs, and a missing rich is a one-line error there.
+engines import the library without loading it, and the command line imports it
+at the first line or table it shows (``terminal``), so a missing rich is a
+one-line error there and a ``--json`` run never loads it.
+
+A command imports what it uses and nothing more: the parser adds a command's
+options only when that command is parsed, and each command's module is imported
+when it runs (``COMMANDS``), so ``kvcache list`` loads neither simulate's process
+pool nor the llama-server proxy's asyncio, and ``--version`` loads no pool code.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib
 import os
 import re
 import signal
@@ -41,6 +52,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from ..errors import KVCacheError
+from .output import Output
 from .parser import VERSION, UsageError, build
 
 EXIT_READER_LEFT = 128 + 13
@@ -57,6 +69,34 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _NEGATIVE = re.compile(r"-[\d.]")
 """A value such as ``-5G`` or ``-.5``: argparse takes it for an option unless it is a plain
 number, so ``--size -5G`` would end in "expected one argument" instead of our message."""
+
+
+COMMANDS = {
+    "create": "commands.create",
+    "list": "commands.list_pools",
+    "status": "commands.status",
+    "entries": "commands.entries",
+    "health": "commands.health",
+    "persist": "commands.persist",
+    "restore": "commands.restore",
+    "evict": "commands.evict",
+    "destroy": "commands.destroy",
+    "delete": "commands.destroy",
+    "access-log": "commands.access_log",
+    "policies": "commands.policies",
+    "completion": "shell.completion",
+    "man": "shell.man",
+    "simulate": "simulating.simulate",
+    "metrics": "operations.metrics",
+    "stats": "operations.stats",
+    "llama-server": "llama_server.llama_server",
+}
+"""The function each command runs, as ``module.function`` in this package (imported when
+the command runs)."""
+
+
+class Unhealthy(Exception):
+    """``health`` found problems it did not repair: exit code 1 after the report."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -113,6 +153,12 @@ def _joined_negative_values(argv: list[str]) -> list[str]:
     return joined
 
 
+def _load(name: str) -> Callable[[argparse.Namespace, Output], dict[str, object]]:
+    """The function command ``name`` runs, its module imported now."""
+    module, _, function = COMMANDS[name].partition(".")
+    return getattr(importlib.import_module(f".{module}", __name__), function)  # type: ignore[no-any-return]
+
+
 def _until_reader_leaves(command: Callable[[], int]) -> int:
     """``command()``, stopped quietly (exit status 141) if the reader of stdout went away."""
     try:
@@ -129,18 +175,11 @@ def _until_reader_leaves(command: Callable[[], int]) -> int:
 
 def _run(argv: list[str], prog: str) -> int:
     try:
-        from .commands import COMMANDS, Unhealthy
-        from .output import Output
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "rich":
-            raise
-        print(f"{prog}: error: {NEEDS_RICH}", file=sys.stderr)
-        return 1
-    try:
-        args = build(prog).parse_args(argv)
+        args = build(prog, lazy=True).parse_args(argv)
+        command = _load(args.command)
         out = Output(getattr(args, "json", False))
         with _stopped_by_signals():
-            out.document(COMMANDS[args.command](args, out))
+            out.document(command(args, out))
         return 0
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -149,6 +188,11 @@ def _run(argv: list[str], prog: str) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except Unhealthy:
+        return 1
+    except ModuleNotFoundError as exc:  # rich is imported at the first line or table shown
+        if (exc.name or "").partition(".")[0] != "rich":
+            raise
+        print(f"{prog}: error: {NEEDS_RICH}", file=sys.stderr)
         return 1
     except PermissionError as exc:
         print(

@@ -11,12 +11,11 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcache
 
 from .. import owners
-from ..accesslog import LogSpec
 from ..errors import (
     InvalidArgument,
     KVCacheError,
@@ -26,19 +25,15 @@ from ..errors import (
     UntrustedOwnerError,
 )
 from ..policies import POLICIES
-from ..reports import PoolStats
 from ..snapshot import files
 from ..units import format_size
-from .llama_server import llama_server
-from .operations import metrics, stats, watch
+from . import Unhealthy
 from .output import Output
 from .parser import trust_kwargs
-from .shell import completion, man
-from .simulating import simulate
 
-
-class Unhealthy(Exception):
-    """``health`` found problems it did not repair: exit code 1 after the report."""
+if TYPE_CHECKING:
+    from ..accesslog import LogSpec
+    from ..reports import PoolStats
 
 
 def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
@@ -216,6 +211,8 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
             raise InvalidArgument("--watch needs a pool: kvcache status NAME --watch")
         return list_pools(args, out)
     if args.watch:
+        from .operations import watch  # rich's live display
+
         return watch(args, out)
     with kvcache.open(args.name, observe=True, **trust_kwargs(args)) as pool:
         stats, config, tier, path = pool.stats(), pool.config, pool.tier, pool.path
@@ -509,28 +506,6 @@ def _log_doc(spec: LogSpec | None) -> dict[str, object] | None:
 def policies(args: argparse.Namespace, out: Output) -> dict[str, object]:
     out.table(("POLICY", "WHEN TO USE IT"), [(p.name, p.summary) for p in POLICIES.values()])
     return {"policies": [{"name": p.name, "summary": p.summary} for p in POLICIES.values()]}
-
-
-COMMANDS = {
-    "create": create,
-    "list": list_pools,
-    "status": status,
-    "entries": entries,
-    "health": health,
-    "persist": persist,
-    "restore": restore,
-    "evict": evict,
-    "destroy": destroy,
-    "delete": destroy,
-    "access-log": access_log,
-    "policies": policies,
-    "completion": completion,
-    "man": man,
-    "simulate": simulate,
-    "metrics": metrics,
-    "stats": stats,
-    "llama-server": llama_server,
-}
 
 
 def _octal_mode(text: str) -> int:

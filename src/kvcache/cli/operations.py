@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
-
-from rich.live import Live
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 import kvcache
 
@@ -18,6 +15,9 @@ from ..reports import PoolStats, Rates
 from ..units import format_size, parse_duration
 from .output import Output
 from .parser import trust_kwargs
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 NEEDS_PROMETHEUS = (
     "kvcache metrics needs the prometheus_client package: pip install 'kvcache[metrics]'"
@@ -153,6 +153,8 @@ def watch(args: argparse.Namespace, out: Output) -> dict[str, object]:
             if not out.interactive:
                 _watch_loop(pool, interval_s, args.count, _piped_line(out))
                 return {}
+            from rich.live import Live  # rich only on a terminal (as in output)
+
             with Live(console=out.console, auto_refresh=False) as live:
                 height = max(5, out.console.size.height - 4)
                 _watch_loop(pool, interval_s, args.count, _live_table(live, height))
@@ -201,6 +203,8 @@ def _piped_line(out: Output) -> Any:
 
 
 def _live_table(live: Live, visible: int) -> Any:
+    from rich.table import Table
+
     rows: list[tuple[str, ...]] = []
 
     def show(row: tuple[str, ...]) -> None:

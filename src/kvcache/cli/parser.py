@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
-from ..folders import TIERS
-from ..policies import POLICIES
-from ..pool import ENTRY_SORTS
-from ..simulate import DEFAULT_CAPACITIES, DEFAULT_PREFILL_TOKENS_PER_S
-from ..simulate.traces import MOONCAKE_BLOCK_TOKENS
 
 SHELLS = ("bash", "zsh", "tcsh")
 """The shells ``completion`` writes scripts for (those shtab supports)."""
@@ -25,25 +20,36 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """Reports a bad command line as :class:`UsageError`, and adds a command's options
+    when it is first parsed or shown (``build(lazy=True)``)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        options: Callable[[argparse.ArgumentParser], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._options = options
+
+    def filled(self) -> _Parser:
+        """This parser with its command's options added (once)."""
+        options, self._options = self._options, None
+        if options is not None:
+            options(self)
+        return self
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        return super(_Parser, self.filled()).parse_known_args(*args, **kwargs)
+
+    def format_usage(self) -> str:
+        return super(_Parser, self.filled()).format_usage()
+
+    def format_help(self) -> str:
+        return super(_Parser, self.filled()).format_help()
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-def _command(
-    sub: argparse._SubParsersAction,
-    name: str,
-    summary: str,
-    example: str,
-    aliases: Sequence[str] = (),
-) -> argparse.ArgumentParser:
-    return sub.add_parser(  # type: ignore[no-any-return]
-        name,
-        help=summary,
-        description=summary,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        aliases=aliases,
-    )
 
 
 def _json(parser: argparse.ArgumentParser) -> None:
@@ -109,10 +115,17 @@ def _trust(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build(prog: str) -> argparse.ArgumentParser:
-    """The parser of every command, invoked as ``prog`` (``kvcache``, ``kvcache``).
+def build(prog: str, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The parser of every command, invoked as ``prog`` (``kvcache``, ``cortex cache``).
 
     The examples in ``--help`` are written with ``prog``, so each spelling shows its own.
+
+    Args:
+        prog: the command's name, shown in usage, errors and examples.
+        lazy: add a command's options only when that command is parsed or its help shown
+            (what a run needs: the options of ``simulate`` import ``kvcache.simulate`` for
+            their defaults, which ``kvcache list`` has no use for). Tools that walk every
+            option (completion, the manual page, tests) take the whole parser.
     """
     root = _Parser(
         prog=prog,
@@ -123,11 +136,90 @@ def build(prog: str) -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=VERSION)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    e = prog
 
-    p = _command(
-        sub, "create", "create a pool", f"{e} create llama-cache --size 16G --prefix-cache"
+    def command(
+        name: str,
+        summary: str,
+        example: str,
+        options: Callable[[argparse.ArgumentParser], None],
+        aliases: Sequence[str] = (),
+    ) -> None:
+        parser: _Parser = sub.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=f"example:\n  {prog} {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            aliases=aliases,
+            options=options,
+        )
+        if not lazy:
+            parser.filled()
+
+    command("create", "create a pool", "create llama-cache --size 16G --prefix-cache", _create)
+    command("list", "one line per pool", "list", _list)
+    command("status", "all pools, or one in detail", "status llama-cache --watch", _status)
+    command(
+        "stats",
+        "a pool's counters, latency and tokens by model; --reset zeroes them",
+        "stats llama-cache --reset",
+        _stats,
     )
+    command(
+        "metrics",
+        "Prometheus metrics of every pool: printed once, served over HTTP, or written for "
+        "node_exporter",
+        "metrics --serve 127.0.0.1:9464",
+        _metrics,
+    )
+    command(
+        "entries", "list a pool's entries", "entries llama-cache --sort size --limit 20", _entries
+    )
+    command(
+        "health", "check allocator, index and entries agree", "health llama-cache --repair", _health
+    )
+    command(
+        "persist",
+        "write a snapshot to disk",
+        "persist llama-cache --path /var/lib/kvcache/llama.kvsnap",
+        _persist,
+    )
+    command("restore", "recreate a pool from a snapshot", "restore llama-cache --replace", _restore)
+    command("evict", "evict entries by the pool's policy", "evict llama-cache --percent 25", _evict)
+    command("destroy", "remove a pool", "destroy llama-cache --yes", _destroy, aliases=["delete"])
+    command(
+        "access-log",
+        "start or stop logging a pool's prefix requests, for every process using it",
+        "access-log llama-cache /var/log/kvcache/llama.log --max-size 256M",
+        _access_log,
+    )
+    command("policies", "the eviction policies and when to use each", "policies", _policies)
+    command(
+        "completion",
+        "print the shell completion script of kvcache (bash, zsh or tcsh)",
+        "completion bash > ~/.local/share/bash-completion/completions/kvcache",
+        _completion,
+    )
+    command("man", "print kvcache's manual page (roff)", "man | man -l -", _man)
+    command(
+        "simulate",
+        "replay a request trace per policy and pool size: which policy, how big a pool",
+        "simulate trace.jsonl --capacity 1%,5%,10% --policy all --plot hits.png",
+        _simulate,
+    )
+    command(
+        "llama-server",
+        "run llama-server behind a proxy that keeps its prompts warm in a pool",
+        "llama-server --pool llama-cache --listen 127.0.0.1:8081 -- -m model.gguf -c 8192",
+        _llama_server,
+    )
+    return root
+
+
+def _create(p: argparse.ArgumentParser) -> None:
+    from ..folders import TIERS
+    from ..policies import POLICIES
+
     p.add_argument("name")
     p.add_argument(
         "--size",
@@ -203,11 +295,13 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(sub, "list", "one line per pool", f"{e} list")
+
+def _list(p: argparse.ArgumentParser) -> None:
     _trust(p)
     _json(p)
 
-    p = _command(sub, "status", "all pools, or one in detail", f"{e} status llama-cache --watch")
+
+def _status(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?")
     p.add_argument(
         "--watch",
@@ -224,24 +318,15 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub,
-        "stats",
-        "a pool's counters, latency and tokens by model; --reset zeroes them",
-        f"{e} stats llama-cache --reset",
-    )
+
+def _stats(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--reset", action="store_true", help="then zero every counter (all processes)")
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub,
-        "metrics",
-        "Prometheus metrics of every pool: printed once, served over HTTP, or written for "
-        "node_exporter",
-        f"{e} metrics --serve 127.0.0.1:9464",
-    )
+
+def _metrics(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--serve",
@@ -267,9 +352,10 @@ def build(prog: str) -> argparse.ArgumentParser:
     )
     _trust(p)
 
-    p = _command(
-        sub, "entries", "list a pool's entries", f"{e} entries llama-cache --sort size --limit 20"
-    )
+
+def _entries(p: argparse.ArgumentParser) -> None:
+    from ..pool import ENTRY_SORTS
+
     p.add_argument("name")
     p.add_argument(
         "--sort", default="lru", choices=ENTRY_SORTS, help="order (default lru: least recent first)"
@@ -280,23 +366,15 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub,
-        "health",
-        "check allocator, index and entries agree",
-        f"{e} health llama-cache --repair",
-    )
+
+def _health(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--repair", action="store_true", help="rebuild what is inconsistent")
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub,
-        "persist",
-        "write a snapshot to disk",
-        f"{e} persist llama-cache --path /var/lib/kvcache/llama.kvsnap",
-    )
+
+def _persist(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument(
         "--path", help="snapshot file (default $KVCACHE_HOME or ~/.local/share/kvcache/NAME.kvsnap)"
@@ -304,9 +382,10 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub, "restore", "recreate a pool from a snapshot", f"{e} restore llama-cache --replace"
-    )
+
+def _restore(p: argparse.ArgumentParser) -> None:
+    from ..folders import TIERS
+
     p.add_argument("name")
     p.add_argument("--path", help="snapshot file (default: the pool's default path)")
     p.add_argument("--replace", action="store_true", help="replace the pool if it exists")
@@ -327,9 +406,8 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub, "evict", "evict entries by the pool's policy", f"{e} evict llama-cache --percent 25"
-    )
+
+def _evict(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--percent", type=float, help="share of the used bytes to free, (0, 100]")
@@ -338,21 +416,16 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub, "destroy", "remove a pool", f"{e} destroy llama-cache --yes", aliases=["delete"]
-    )
+
+def _destroy(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     _force(p, "destroy it even while other processes have it open (their next call fails)")
     _trust(p)
     _json(p)
 
-    p = _command(
-        sub,
-        "access-log",
-        "start or stop logging a pool's prefix requests, for every process using it",
-        f"{e} access-log llama-cache /var/log/kvcache/llama.log --max-size 256M",
-    )
+
+def _access_log(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("file", nargs="?", help="the log (appended to; FILE.1 after rotation)")
     p.add_argument("--max-size", help="its cap, with its one rotated file (default 64M)")
@@ -360,25 +433,24 @@ def build(prog: str) -> argparse.ArgumentParser:
     _trust(p)
     _json(p)
 
-    p = _command(sub, "policies", "the eviction policies and when to use each", f"{e} policies")
+
+def _policies(p: argparse.ArgumentParser) -> None:
     _json(p)
 
-    p = _command(
-        sub,
-        "completion",
-        "print the shell completion script of kvcache (bash, zsh or tcsh)",
-        f"{e} completion bash > ~/.local/share/bash-completion/completions/kvcache",
-    )
+
+def _completion(p: argparse.ArgumentParser) -> None:
     p.add_argument("shell", choices=SHELLS, help="the shell to complete kvcache's commands in")
 
-    p = _command(sub, "man", "print kvcache's manual page (roff)", f"{e} man | man -l -")
 
-    p = _command(
-        sub,
-        "simulate",
-        "replay a request trace per policy and pool size: which policy, how big a pool",
-        f"{e} simulate trace.jsonl --capacity 1%,5%,10% --policy all --plot hits.png",
-    )
+def _man(p: argparse.ArgumentParser) -> None:
+    """No options: the page is of the ``kvcache`` command."""
+
+
+def _simulate(p: argparse.ArgumentParser) -> None:
+    from ..policies import POLICIES
+    from ..simulate import DEFAULT_CAPACITIES, DEFAULT_PREFILL_TOKENS_PER_S
+    from ..simulate.traces import MOONCAKE_BLOCK_TOKENS
+
     p.add_argument(
         "trace",
         help="a Mooncake JSONL trace (one request per line with hash_ids), or a pool's "
@@ -436,18 +508,10 @@ def build(prog: str) -> argparse.ArgumentParser:
         help="with --sweep: the block hit ratio to size the pool for, e.g. 20%%",
     )
     _json(p)
-    _llama_server(sub, e)
-    return root
 
 
-def _llama_server(sub: argparse._SubParsersAction, e: str) -> None:
-    """``llama-server``: the proxy (``kvcache.integrations.llama_server``, docs/llama-server.md)."""
-    p = _command(
-        sub,
-        "llama-server",
-        "run llama-server behind a proxy that keeps its prompts warm in a pool",
-        f"{e} llama-server --pool llama-cache --listen 127.0.0.1:8081 -- -m model.gguf -c 8192",
-    )
+def _llama_server(p: argparse.ArgumentParser) -> None:
+    """The proxy (``kvcache.integrations.llama_server``, docs/llama-server.md)."""
     p.add_argument("--pool", required=True, help="the pool slot states are kept in")
     p.add_argument("--listen", default="127.0.0.1:8081", help="HOST:PORT clients use")
     p.add_argument("--upstream", help="front a running llama-server at this URL instead")
