@@ -2,10 +2,12 @@
 
 Loads run in ``start_load_kv``, before the forward reads the blocks; stores
 in ``wait_for_save``, after the forward wrote them. A load retrieves the
-prompt's chunks from token 0 (a chunk's key and its check name the whole
-prefix before it) into one host buffer, then writes the planned blocks with
-one indexed copy per layer. Whatever the pool no longer holds -- a chunk
-evicted, expired or damaged since the scheduler's lookup -- is not written:
+prompt's chunks from the one holding its first planned token (the blocks
+before it are vLLM's own prefix-cache hit; a chunk's key names the whole
+prefix before it, so the chunks before are not read) into one host buffer,
+then writes the planned blocks with one indexed copy per layer. Whatever the
+pool no longer holds -- a chunk evicted, expired or damaged since the
+scheduler's lookup -- is not written:
 its blocks are reported by :meth:`WorkerSide.take_load_errors`, and vLLM
 recomputes them.
 
@@ -58,13 +60,15 @@ class WorkerSide:
         for transfer in plan.loads:
             pc = self._caches.get(transfer.salt)
             tokens = np.asarray(transfer.token_ids, dtype=np.int64)
-            host = host_buffer(pc, transfer.end, self._device)
-            _, hit = pc.retrieve(tokens, out=host)
-            loaded = max(0, min(hit, transfer.end) - transfer.start) // self._engine.block_size
+            first = transfer.start // pc.chunk_tokens * pc.chunk_tokens
+            host = host_buffer(pc, transfer.end - first, self._device)
+            _, hit = pc.retrieve(tokens, out=host, first_token=first)
+            block = self._engine.block_size
+            loaded = max(0, min(hit, transfer.end) - transfer.start) // block
             if loaded:
                 blocks = self._kernel_ids(transfer.block_ids[:loaded])
-                scatter(host[transfer.start : transfer.start + loaded * self._engine.block_size],
-                        self._views, blocks, self._device)  # fmt: skip
+                skipped = transfer.start - first  # of the chunk's tokens, those vLLM has
+                scatter(host[skipped : skipped + loaded * block], self._views, blocks, self._device)
             missing = transfer.block_ids[loaded:]
             if missing:
                 log.warning(
