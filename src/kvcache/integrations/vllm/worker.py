@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from ..devices import host_buffer
+from ..devices import host_buffer, store_through_host
 from .names import Caches, EngineKV
 from .paged import PagedLayout, gather, kernel_block_ids, scatter, split_view
 from .plan import StepPlan, Transfer
@@ -89,12 +89,14 @@ class WorkerSide:
         return errors
 
     def _store(self, transfer: Transfer) -> None:
-        pc = self._caches.get(transfer.salt)
-        num_tokens = transfer.end - transfer.start
-        host = host_buffer(pc, num_tokens, self._device)[:num_tokens]
-        gather(host, self._views, self._kernel_ids(transfer.block_ids))
-        tokens = np.asarray(transfer.token_ids, dtype=np.int64)
-        pc.store(tokens, host.permute(1, 2, 3, 0, 4), first_token=transfer.start)
+        blocks = self._kernel_ids(transfer.block_ids)
+        store_through_host(
+            self._caches.get(transfer.salt),
+            np.asarray(transfer.token_ids, dtype=np.int64),
+            transfer.start,
+            self._device,
+            lambda host: gather(host, self._views, blocks),
+        )
 
     def _kernel_ids(self, block_ids: list[int]) -> list[int]:
         return kernel_block_ids(block_ids, self._ratio)
