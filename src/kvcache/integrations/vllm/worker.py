@@ -11,15 +11,26 @@ scheduler's lookup -- is not written:
 its blocks are reported by :meth:`WorkerSide.take_load_errors`, and vLLM
 recomputes them.
 
-Stores are synchronous: vLLM may reuse a finished request's blocks as soon
-as the step ends, and holding them past it would need the connector to
-delay their release (``request_finished`` returning True), left for later.
+Stores leave the forward's critical path on the CPU: ``wait_for_save``
+hands them to one background thread and returns, so the step's sampling,
+its output and the scheduling of the next step go on while the planned
+blocks are copied out and written to the pool. The blocks stay valid for
+that long without holding them back from vLLM: a block freed when its
+request finishes or is preempted is written again only by a later step, and
+each step first calls ``handle_preemptions`` (vLLM's hook for connectors
+with asynchronous saves, before anything overwrites a block), where
+:meth:`WorkerSide.settle` waits for the stores in flight. So
+``request_finished`` never delays a release, and ``get_finished`` has
+nothing to report. On a GPU, stores stay synchronous: a copy from another
+thread would also have to be ordered after the forward's stream, which no
+device has tested here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -43,6 +54,8 @@ class WorkerSide:
         self._ratio = 1
         self._device = torch.device("cpu")
         self._load_errors: set[int] = set()
+        self._storing: ThreadPoolExecutor | None = None
+        self._in_flight: list[Future[None]] = []
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Keep a block view of each attention layer's cache, in the pool's layer order."""
@@ -57,6 +70,8 @@ class WorkerSide:
 
     def load(self, plan: StepPlan) -> None:
         """Fill the planned blocks from the pool; note those it could not fill."""
+        if plan.loads:
+            self.settle()  # a chunk stored last step may be asked for now
         for transfer in plan.loads:
             pc = self._caches.get(transfer.salt)
             tokens = np.asarray(transfer.token_ids, dtype=np.int64)
@@ -79,14 +94,44 @@ class WorkerSide:
                 self._load_errors.update(missing)
 
     def save(self, plan: StepPlan) -> None:
-        """Copy the planned blocks, just computed, into the pool (chunks it lacks)."""
-        for transfer in plan.stores:
-            self._store(transfer)
+        """Copy the planned blocks, just computed, into the pool (chunks it lacks):
+        in the background on the CPU (see the module's doc), before returning on a GPU."""
+        if not plan.stores:
+            return
+        if self._device.type != "cpu":
+            for transfer in plan.stores:
+                self._store(transfer)
+            return
+        if self._storing is None:
+            self._storing = ThreadPoolExecutor(1, thread_name_prefix="kvcache-store")
+        stores = list(plan.stores)
+        self._in_flight.append(self._storing.submit(self._store_all, stores))
+
+    def settle(self) -> None:
+        """Wait for the stores in flight: before vLLM may write to their blocks again.
+
+        Raises:
+            Exception: what a store raised (as a synchronous store would have).
+        """
+        in_flight, self._in_flight = self._in_flight, []
+        for future in in_flight:
+            future.result()
+
+    def shutdown(self) -> None:
+        """Finish the stores in flight and stop the store thread."""
+        self.settle()
+        if self._storing is not None:
+            self._storing.shutdown(wait=True)
+            self._storing = None
 
     def take_load_errors(self) -> set[int]:
         """The blocks that failed to load since the last call (vLLM recomputes them)."""
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def _store_all(self, transfers: list[Transfer]) -> None:
+        for transfer in transfers:
+            self._store(transfer)
 
     def _store(self, transfer: Transfer) -> None:
         blocks = self._kernel_ids(transfer.block_ids)
