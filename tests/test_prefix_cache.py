@@ -113,6 +113,31 @@ def test_max_tokens(pc: PrefixCache) -> None:
         pc.retrieve(TOKENS, max_tokens=-1)
 
 
+def test_retrieve_from_a_first_token_reads_only_the_chunks_from_there(pc: PrefixCache) -> None:
+    """The caller holds the first chunks (an engine's own cache): they are not read, even
+    when gone, and the counters count only the tokens asked of the pool."""
+    pc.store(TOKENS, KV)
+    pc.pool.delete(pc.chunk_keys(TOKENS)[0])
+    kv, n = pc.retrieve(TOKENS, first_token=8)
+    assert n == 16
+    np.testing.assert_array_equal(kv, KV[:, :, :, 8:16])
+    out = np.full((8, 2, 2, 2, 8), -1.0, np.float32)  # room for two chunks from token 4
+    kv, n = pc.retrieve(TOKENS, out=out, first_token=4)
+    assert n == 12
+    np.testing.assert_array_equal(out[:8].transpose(1, 2, 3, 0, 4), KV[:, :, :, 4:12])
+    assert pc.retrieve(TOKENS, first_token=16)[1] == 16  # nothing past it: an empty hit there
+    assert pc.retrieve(TOKENS, first_token=8, max_tokens=4)[1] == 4
+    counts = pc.pool.metrics().tokens["model-a"]
+    assert (counts.queried, counts.hit) == (10 + 14 + 2 + 10, 8 + 8 + 0 + 0)
+    pc.pool.delete(pc.chunk_keys(TOKENS)[2])
+    kv, n = pc.retrieve(TOKENS, first_token=8)
+    assert n == 8 and kv.shape[3] == 0
+    with pytest.raises(InvalidArgument, match="multiple of chunk_tokens"):
+        pc.retrieve(TOKENS, first_token=6)
+    with pytest.raises(InvalidArgument, match="first_token"):
+        pc.retrieve(TOKENS, first_token=20)
+
+
 def test_kv_may_cover_more_tokens_but_not_fewer(pc: PrefixCache) -> None:
     assert pc.store(TOKENS[:8], KV) == 8
     with pytest.raises(InvalidArgument, match="covers 8 tokens"):

@@ -18,7 +18,7 @@ costs nothing per load. Other devices (``meta``, ``mps``, ``xpu``) get a plain
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -97,9 +97,39 @@ def save_from(
         return 0
     lacking = [(_unbatched(k)[:, first:full], _unbatched(v)[:, first:full]) for k, v in pairs]
     stacked = torch.stack([torch.stack(pair) for pair in lacking])
-    host = host_buffer(pc, full - first, device)[: full - first]
-    host.copy_(stacked.permute(3, 0, 1, 2, 4))  # made contiguous on the device, one transfer back
-    return pc.store(tokens[:full], host.permute(1, 2, 3, 0, 4), first_token=first, **put_options)
+
+    def fill(host: torch.Tensor) -> None:
+        host.copy_(stacked.permute(3, 0, 1, 2, 4))  # contiguous on the device, one transfer back
+
+    return store_through_host(pc, tokens[:full], first, device, fill, **put_options)
+
+
+def store_through_host(
+    pc: PrefixCache,
+    token_ids: Any,
+    first_token: int,
+    device: torch.device,
+    fill: Callable[[torch.Tensor], None],
+    **put_options: Any,
+) -> int:
+    """Store the chunks of ``token_ids`` from ``first_token`` on, through one host buffer.
+
+    Args:
+        pc: the cache to store in.
+        token_ids: the prompt up to the last token stored (whole chunks).
+        first_token: where the stored KV starts (the chunks before it are in the pool).
+        device: where the KV comes from (a GPU's gets a pinned buffer).
+        fill: writes the KV of tokens ``first_token ..`` into the buffer it is
+            given, token-major: (tokens, layers, 2, kv_heads, head_dim).
+        **put_options: ``PrefixCache.store``'s ``priority`` and ``ttl``.
+
+    Returns:
+        The tokens written (``PrefixCache.store``).
+    """
+    num_tokens = len(token_ids) - first_token
+    host = host_buffer(pc, num_tokens, device)[:num_tokens]
+    fill(host)
+    return pc.store(token_ids, host.permute(1, 2, 3, 0, 4), first_token=first_token, **put_options)
 
 
 def _unbatched(tensor: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,7 @@ import numpy as np
 from ..errors import DependencyError, InvalidArgument
 from ..pool import Pool
 from ..prefix import KVLayout, PrefixCache
+from ..prefix.arrays import torch_dtype_name
 from ..prefix.keys import as_tokens
 
 SUPPORTED = ">=4.56,<5.26"
@@ -130,8 +131,6 @@ CACHE_KEYWORD = _FLAVOR.keyword
 ``forward`` and ``generate`` take the cache by, and the field of their outputs
 that holds it (``model(ids, **{CACHE_KEYWORD: cache})``)."""
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
 
 def layout_of(model: Any) -> KVLayout:
     """The KV layout of a transformers model: layers, KV heads, head size and dtype.
@@ -142,16 +141,16 @@ def layout_of(model: Any) -> KVLayout:
     config = model.config.get_text_config(decoder=True)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    dtype = model.dtype
-    if dtype not in _DTYPE_NAMES:
+    dtype = torch_dtype_name(model.dtype)
+    if dtype is None:
         raise InvalidArgument(
-            f"models of dtype {dtype} are not supported: use float32/16 or bfloat16"
+            f"models of dtype {model.dtype} are not supported: use float32/16 or bfloat16"
         )
     return KVLayout(
         num_layers=config.num_hidden_layers,
         num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
-        dtype=_DTYPE_NAMES[dtype],
+        dtype=dtype,
     )
 
 

@@ -25,6 +25,12 @@ _TORCH_DTYPE_NAMES = {
 }
 
 
+def torch_dtype_name(dtype: object) -> str | None:
+    """``float32``/``float16``/``bfloat16`` for those torch dtypes (a ``KVLayout``'s
+    dtype), None for any other: the one place a torch dtype gets kvcache's name."""
+    return _TORCH_DTYPE_NAMES.get(str(dtype))
+
+
 def is_torch(value: object) -> bool:
     """Whether ``value`` is a torch tensor (checked without importing torch)."""
     torch = sys.modules.get("torch")
@@ -48,7 +54,7 @@ def numpy_view(value: Any, what: str) -> tuple[np.ndarray, str | None]:
     if is_torch(value):
         if value.device.type != "cpu":
             raise InvalidArgument(f"{what} is on {value.device}: move it to the CPU first (.cpu())")
-        name = _TORCH_DTYPE_NAMES.get(str(value.dtype))
+        name = torch_dtype_name(value.dtype)
         tensor = value.detach()
         if name == "bfloat16":
             tensor = tensor.view(sys.modules["torch"].int16)  # same bits, a dtype numpy knows

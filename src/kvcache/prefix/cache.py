@@ -121,8 +121,13 @@ class PrefixCache:
         chunk evicted or found damaged before ``retrieve`` shortens that hit. The
         chunks missing locally cost one round trip to a remote tier, not one each.
         """
+        return self.lookup_keys(self.chunk_keys(token_ids))
+
+    def lookup_keys(self, keys: list[str]) -> int:
+        """:meth:`lookup` of a prompt whose :meth:`chunk_keys` the caller kept (or a
+        leading run of them): for asking again about a prompt without hashing it again."""
         started = self.pool.latency.start(LOOKUP)
-        found = self.pool.count_present(self.chunk_keys(token_ids)) * self.chunk_tokens
+        found = self.pool.count_present(keys) * self.chunk_tokens
         if started:
             self.pool.latency.stop(LOOKUP, started)
         return found
@@ -138,7 +143,12 @@ class PrefixCache:
         return chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
 
     def retrieve(
-        self, token_ids: object, *, out: Any = None, max_tokens: int | None = None
+        self,
+        token_ids: object,
+        *,
+        out: Any = None,
+        max_tokens: int | None = None,
+        first_token: int = 0,
     ) -> tuple[Any, int]:
         """The KV of the longest cached prefix of ``token_ids``, and its length in tokens.
 
@@ -148,44 +158,58 @@ class PrefixCache:
                 or any numpy array or CPU torch tensor of the cache's dtype with
                 the same memory order -- C-contiguous (tokens, layers, 2,
                 kv_heads, head_dim), or that transposed to (layers, 2, kv_heads,
-                tokens, head_dim). Its tokens past the hit are overwritten with
-                undefined bytes.
-            max_tokens: fetch at most this many tokens.
+                tokens, head_dim). Its first token is ``first_token``; its
+                tokens past the hit are overwritten with undefined bytes.
+            max_tokens: fetch at most this many tokens (counted from token 0).
+            first_token: fetch from this token on (a multiple of chunk_tokens):
+                the caller holds the KV of the tokens before it (an engine's
+                own prefix cache), so those chunks are neither read nor checked.
 
         Returns:
-            ``(kv, n)``: kv is (layers, 2, kv_heads, n, head_dim), n a multiple
-            of chunk_tokens (0 on a miss). It is a numpy array (bfloat16 as
-            uint16 bit patterns), or a view of ``out`` if that is a torch tensor.
+            ``(kv, n)``: n is where the hit ends, a multiple of chunk_tokens
+            (``first_token`` when the chunk there is missing, or ``max_tokens``
+            rounded down to a chunk if that is less; 0 on a miss), and
+            kv holds tokens ``first_token .. n-1``: (layers, 2, kv_heads,
+            n - first_token, head_dim). It is a numpy array (bfloat16 as uint16
+            bit patterns), or a view of ``out`` if that is a torch tensor.
+            The pool's token counters count the tokens from ``first_token`` on.
 
         Raises:
-            InvalidArgument: ``out`` has the wrong dtype, shape or memory order.
+            InvalidArgument: ``out`` has the wrong dtype, shape or memory order,
+                or ``first_token`` is not a multiple of chunk_tokens.
         """
         started = self.pool.latency.start(RETRIEVE)
         tokens = as_tokens(token_ids)
         limit = len(tokens) if max_tokens is None else whole_number(max_tokens, "max_tokens")
+        whole_number(first_token, "first_token", 0, len(tokens))
         if out is None:
             keys = chunk_keys(self.namespace, tokens, limit // self.chunk_tokens)
-            flat = spares.take(len(keys) * self._chunk_bytes + TRAILER_BYTES)
         else:
             flat, capacity = self._flat_bytes(out)
-            keys = chunk_keys(self.namespace, tokens, min(limit, capacity) // self.chunk_tokens)
-        heads = [self._head(index) for index in range(len(keys))]
+            end = min(limit, first_token + capacity)
+            keys = chunk_keys(self.namespace, tokens, end // self.chunk_tokens)
+        skip = min(self._first_chunk(first_token), len(keys))
+        if out is None:
+            flat = spares.take((len(keys) - skip) * self._chunk_bytes + TRAILER_BYTES)
+        wanted = keys[skip:]
+        heads = [self._head(index) for index in range(skip, len(keys))]
         if self.pool.remote is not None:
-            self.pool.prefetch(keys)  # what only the remote has, in one round trip
-        self.pool.read_ahead(keys)  # a disk tier's chunks, all asked for at once
-        num_chunks = fetch_chunks(self.pool, keys, heads, self._chunk_bytes, flat)
+            self.pool.prefetch(wanted)  # what only the remote has, in one round trip
+        self.pool.read_ahead(wanted)  # a disk tier's chunks, all asked for at once
+        num_chunks = fetch_chunks(self.pool, wanted, heads, self._chunk_bytes, flat)
         num_tokens = num_chunks * self.chunk_tokens
         access_log = self.pool.access_log
-        if access_log is not None:
+        if access_log is not None:  # the request's whole chain, as the trace format has it
             access_log.write(
-                self._logged("retrieve", keys, hit=num_chunks, input_length=len(tokens))
+                self._logged("retrieve", keys, hit=skip + num_chunks, input_length=len(tokens))
             )
         kv = chunk_view(flat, self.layout, num_tokens).transpose(1, 2, 3, 0, 4)
-        if len(tokens):
-            self.pool.count_tokens(self.namespace.model, queried=len(tokens), hit=num_tokens)
+        asked = len(tokens) - first_token
+        if asked > 0:
+            self.pool.count_tokens(self.namespace.model, queried=asked, hit=num_tokens)
         if started:
             self.pool.latency.stop(RETRIEVE, started)
-        return like(out, kv, self.layout.dtype), num_tokens
+        return like(out, kv, self.layout.dtype), skip * self.chunk_tokens + num_tokens
 
     def store(
         self,
@@ -224,10 +248,7 @@ class PrefixCache:
         tokens = as_tokens(token_ids)
         size = self.chunk_tokens
         whole_number(first_token, "first_token", 0, len(tokens))
-        if first_token % size:
-            raise InvalidArgument(
-                f"first_token must be a multiple of chunk_tokens ({size}), not {first_token}"
-            )
+        self._first_chunk(first_token)
         source = KVSource(kv, self.layout, first_token)
         if source.num_tokens < len(tokens):
             raise InvalidArgument(
@@ -281,6 +302,20 @@ class PrefixCache:
             "block_tokens": self.chunk_tokens,
             "block_bytes": self._chunk_bytes,
         }
+
+    def _first_chunk(self, first_token: int) -> int:
+        """The index of the chunk that starts at ``first_token``.
+
+        Raises:
+            InvalidArgument: ``first_token`` is negative or not a multiple of chunk_tokens.
+        """
+        whole_number(first_token, "first_token")
+        if first_token % self.chunk_tokens:
+            raise InvalidArgument(
+                f"first_token must be a multiple of chunk_tokens ({self.chunk_tokens}), "
+                f"not {first_token}"
+            )
+        return first_token // self.chunk_tokens
 
     def _head(self, index: int) -> bytes:
         return trailer_head(self.layout, self.chunk_tokens, index, self.namespace.digest)

@@ -10,7 +10,8 @@ generated after the one before, in this one engine; ``connector``: the
 the connector's (default ``kvcache.integrations.vllm.KVCacheConnector``); ``engine``: more
 ``LLM(...)`` arguments; ``max_tokens``. Prints one JSON object: per round,
 per prompt, the greedy tokens, their top-5 logprobs and vLLM's
-``num_cached_tokens``.
+``num_cached_tokens``, and with a connector the tokens its pool served in
+that prompt's round (``pool_hit``: the pool's token counter).
 """
 
 from __future__ import annotations
@@ -46,9 +47,23 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=config.get("max_tokens", 8), logprobs=5)
     rounds = []
     for prompts in config["rounds"]:
+        before = _pool_hits(config)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
-        rounds.append([_described(output) for output in outputs])
+        served = _pool_hits(config) - before
+        rounds.append([{**_described(output), "pool_hit": served} for output in outputs])
     return {"rounds": rounds}
+
+
+def _pool_hits(config: dict[str, Any]) -> int:
+    """The tokens the connector's pool has served the model so far (0 without one)."""
+    if "connector" not in config:
+        return 0
+    import kvcache
+
+    connector = config["connector"]
+    with kvcache.open(connector["pool"]) as pool:
+        counts = pool.metrics().tokens.get(connector.get("model_id") or config["model"])
+    return 0 if counts is None else counts.hit
 
 
 def _described(output: Any) -> dict[str, Any]:

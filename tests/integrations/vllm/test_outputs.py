@@ -10,7 +10,9 @@ One scenario, five real engines, each in its own process, on one pool:
 - ``chunked``: the connector with a 256-token prefill budget computes Q over
   five steps, storing each chunk in the step that completes it;
 - ``load``: a fresh engine (a restart) with the connector and vLLM's prefix
-  caching beside it: P and Q come from the pool;
+  caching beside it: first R, which shares P's first three blocks, so that
+  P then finds those in vLLM's own cache and the rest in the pool; Q comes
+  from the pool alone;
 - ``wrong``: the negative control, loading the same chunks in the wrong block
   layout, which must change the output.
 
@@ -34,6 +36,7 @@ from kvcache.prefix import KVLayout, PrefixCache
 P = prompt(1025, seed=1)  # a hit can cover 1024 tokens: 4 chunks, 8 blocks
 Q = prompt(1100, seed=2)
 SHORT = prompt(1024, seed=3)  # the last token is at 1023: whole blocks below it end at 896
+R = P[:384] + prompt(300, seed=4)  # P's first 3 blocks of 128 tokens, then its own
 EAGER = {"enforce_eager": True}
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
 
@@ -65,10 +68,11 @@ def scenario(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         for name, tokens in (("P", P), ("Q", Q), ("SHORT", SHORT))
     }
     handle.close()
-    results["load"] = run(
-        rounds=[[P], [Q], [SHORT]], connector=connector,
+    r, *results["load"] = run(
+        rounds=[[R], [P], [Q], [SHORT]], connector=connector,
         engine={**EAGER, "enable_prefix_caching": True},
     )  # fmt: skip
+    results["R"] = r
     results["wrong"] = run(
         rounds=[[P]], connector=connector, module="connectors", **{"class": "WrongLayoutConnector"}
     )
@@ -101,6 +105,17 @@ def test_a_pool_hit_equals_vllms_own_prefix_cache_hit(scenario: dict[str, Any]) 
         assert pooled["logprobs"] == own["logprobs"]  # top 5 of each step, to the last digit
 
 
+def test_a_load_skips_the_blocks_vllm_holds(scenario: dict[str, Any]) -> None:
+    """R loaded P's first chunk (256 tokens) and left its first 3 blocks in vLLM's cache:
+    P then loads only from the chunk holding token 384 (the pool serves 256..1023), and
+    answers as vLLM's own full hit does (compared in the test above)."""
+    assert (scenario["R"]["num_cached_tokens"], scenario["R"]["pool_hit"]) == (256, 256)
+    p_from_both = scenario["load"][0]
+    assert (p_from_both["num_cached_tokens"], p_from_both["pool_hit"]) == (1024, 768)
+    q_and_short = scenario["load"][1:]  # from the pool alone
+    assert [out["pool_hit"] for out in q_and_short] == [1024, 768]
+
+
 def test_kv_in_the_wrong_layout_changes_the_output(scenario: dict[str, Any]) -> None:
     """The negative control: the comparison above can fail."""
     own, wrong = scenario["reference"][2], scenario["wrong"][0]
@@ -117,7 +132,7 @@ def test_the_prompts_last_token_is_always_computed(scenario: dict[str, Any]) -> 
 
 def test_the_pools_token_counters_count_every_engine(scenario: dict[str, Any]) -> None:
     counts = scenario["tokens"]
-    assert counts.stored == 3 * 1024  # P, SHORT and Q, once each
-    assert counts.hit == 1024 + 1024 + 768 + 1024  # load: P, Q, SHORT; wrong: P
-    prompts = {"store": [P, SHORT], "chunked": [Q], "load": [P, Q, SHORT], "wrong": [P]}
+    assert counts.stored == 3 * 1024 + 256  # P, SHORT and Q, once each; R's second chunk
+    assert counts.hit == 256 + 768 + 1024 + 768 + 1024  # load: R, P, Q, SHORT; wrong: P
+    prompts = {"store": [P, SHORT], "chunked": [Q], "load": [R, P, Q, SHORT], "wrong": [P]}
     assert counts.queried == sum(len(p) for ps in prompts.values() for p in ps)

@@ -103,9 +103,20 @@ class KVCacheConnector(KVConnectorBase_V1):
         """Nothing per layer: ``wait_for_save`` stores whole chunks once the forward is done."""
 
     def wait_for_save(self) -> None:
-        """Store the chunks this step completed and the pool lacks."""
+        """Store the chunks this step completed and the pool lacks (in the background on the
+        CPU: settled in the next step's ``handle_preemptions``)."""
         if self.has_connector_metadata():
             self._worker_side().save(self._plan())
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Before this step writes to any block: finish the stores still reading blocks
+        (those of a request finished or preempted may go to another request now)."""
+        self._worker_side().settle()
+
+    def shutdown(self) -> None:
+        """Finish the stores in flight."""
+        if self._worker is not None:
+            self._worker.shutdown()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose chunks left the pool between lookup and load: vLLM recomputes them."""
@@ -136,7 +147,8 @@ class KVCacheConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Forget the request; its blocks may be freed at once (stores are synchronous)."""
+        """Forget the request; its blocks may be freed at once (a store still reading them
+        finishes before the next step writes to any block)."""
         self._scheduler_side().request_finished(request)
         return False, None
 

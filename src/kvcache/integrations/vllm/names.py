@@ -15,15 +15,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ...errors import InvalidArgument
 from ...pool import Pool
 from ...prefix import KVLayout, PrefixCache
+from ...prefix.arrays import torch_dtype_name
 
 log = logging.getLogger(__name__)
-
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,8 @@ def engine_kv(vllm_config: Any, kv_cache_config: Any, chunk_tokens: int) -> Engi
             "the kvcache connector does not store sliding-window or chunked-local attention: "
             "run this model without --kv-transfer-config"
         )
-    if spec.dtype not in _DTYPE_NAMES or spec.head_size_v not in (None, spec.head_size):
+    dtype = torch_dtype_name(spec.dtype)
+    if dtype is None or spec.head_size_v not in (None, spec.head_size):
         raise InvalidArgument(
             f"the kvcache connector stores float32/float16/bfloat16 KV with equal key and value "
             f"sizes, not {spec.dtype} (--kv-cache-dtype auto)"
@@ -91,7 +89,7 @@ def engine_kv(vllm_config: Any, kv_cache_config: Any, chunk_tokens: int) -> Engi
         num_layers=len(groups[0].layer_names),
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_size,
-        dtype=_DTYPE_NAMES[spec.dtype],
+        dtype=dtype,
     )
     return EngineKV(tuple(groups[0].layer_names), layout, block_size)
 

@@ -3,7 +3,14 @@
 It never copies KV. For each request it answers vLLM's question "how many
 more tokens can you load?" with one ``PrefixCache.lookup`` (a presence check
 with no side effects, as vLLM may ask again), then, each step, plans the
-loads vLLM accepted and the stores of the chunks this step completes.
+loads vLLM accepted and the stores of the chunks this step completes. A
+prompt's chained keys are hashed once, at its first lookup, and kept until
+the request finishes: vLLM asks again each step a request waits (for room,
+or after a preemption).
+
+A load starts where vLLM's own computed tokens end (its prefix cache's
+hit): the worker reads the pool from the chunk holding that token on, and
+writes only the blocks after it.
 
 Never wrong KV: a hit never covers the prompt's last token (vLLM computes
 it to get the first new token's logits), so it is capped to the whole
@@ -32,8 +39,12 @@ class _Tracked:
 
     prompt: list[int]
     salt: str | None
+    keys: list[str] | None = None
+    """The prompt's chunk keys, hashed at the first lookup."""
     found: int = 0
     """Prompt tokens the pool held at the last lookup (whole chunks)."""
+    local: int = 0
+    """Tokens vLLM had computed itself at the last lookup (its own prefix cache)."""
     stored: int = 0
     """Prompt tokens known to be in the pool, or planned to be stored."""
     block_ids: list[int] | None = None
@@ -72,11 +83,13 @@ class SchedulerSide:
         if tracked is None:
             return 0
         block = self._block_size
-        cap = (request.num_tokens - 1) // block * block
+        cap = min((request.num_tokens - 1) // block * block, len(tracked.prompt))
         pc = self._caches.get(tracked.salt)
-        found = pc.lookup(tracked.prompt[: min(cap, len(tracked.prompt))])
-        tracked.found = found
-        return max(0, found - num_computed_tokens)
+        if tracked.keys is None:
+            tracked.keys = pc.chunk_keys(tracked.prompt)
+        tracked.found = pc.lookup_keys(tracked.keys[: cap // self._caches.chunk_tokens])
+        tracked.local = num_computed_tokens
+        return max(0, tracked.found - num_computed_tokens)
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         """Note the load vLLM accepted (planned with the request's blocks next step)."""
@@ -85,10 +98,12 @@ class SchedulerSide:
             return
         tracked.stored = max(tracked.stored, tracked.found)
         tracked.loading = num_external_tokens
-        # the pool's token counters: the worker's retrieve counts the tokens it fetches
-        # (those up to the load's end, ``found``) and their hits; the rest of the prompt here
-        fetched = tracked.found if num_external_tokens else 0
-        self._caches.pool.count_tokens(self._caches.model, queried=len(tracked.prompt) - fetched)
+        # the pool's token counters: the worker's retrieve counts the tokens it asks for
+        # (from the chunk holding vLLM's first uncomputed token to the load's end, ``found``)
+        # and their hits; the rest of the prompt here
+        first = tracked.local // self._caches.chunk_tokens * self._caches.chunk_tokens
+        asked = tracked.found - first if num_external_tokens else 0
+        self._caches.pool.count_tokens(self._caches.model, queried=len(tracked.prompt) - asked)
 
     def build_plan(self, scheduler_output: Any) -> StepPlan:
         """This step's loads and stores."""
