@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (Python >= 3.10) and install kvcache, its test, lint, docs and packaging
-# tools, torch and transformers (for kvcache.integrations.transformers, its tests and the
-# demo); with --llama-cpp (test.sh passes it) also llama-cpp-python and gguf
+# tools (ruff, mypy, import-linter), torch and transformers (for
+# kvcache.integrations.transformers, its tests and the demo); with --llama-cpp (test.sh
+# passes it) also llama-cpp-python and gguf
 # (kvcache.integrations.llama_cpp). The dev extra brings test, which brings redis
 # (redis-py), plot and metrics (prometheus_client), and docs (mkdocs, jsonschema), build
 # and twine, which the tests of the documentation site and the built wheel use.
