@@ -9,9 +9,9 @@ Method: one process, one warm pool per value size (4 KiB and 1 MiB), six variant
 ``Pool``'s code swapped in and out of the class round by round (in a shuffled order),
 each timed as the best of 3 batches of put, get and get_into over every key:
 
-- ``no counting``: the methods of ``Pool`` that count, compiled from this tree's
-  ``pool.py`` with ``COUNTING_LINES`` taken out (the sampler's countdowns and their
-  tests, the kept-back value bytes), sampling off;
+- ``no counting``: the methods of ``Pool`` and its ``Store`` that count, compiled from
+  this tree's ``pool.py`` and ``engine/store.py`` with ``COUNTING_LINES`` taken out (the
+  sampler's countdowns and their tests, the kept-back value bytes), sampling off;
 - ``again``: the same, timed again, so that the table shows its own noise;
 - ``latency off``: this tree with sampling off (counters, no timing);
 - ``1 in 64``: this tree, one call in 64 of each op timed (the previous default);
@@ -24,8 +24,8 @@ processes differ by up to 3% from process to process (memory layout), more than 
 effect measured; swapping code within one process removes that. A last line times, alone
 (best of 7), what a get or put does with sampling off (the inline countdown and adding to
 the bytes kept back in the process) beside what adding to a counter word in the segment
-would cost instead. It prints tables and exits 0 (it is not a test), or 1 if pool.py no
-longer has the lines it takes out.
+would cost instead. It prints tables and exits 0 (it is not a test), or 1 if pool.py and
+engine/store.py no longer have the lines it takes out.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+import kvcache.engine.store
 import kvcache.pool
 from bench_pool import (
     KiB,
@@ -62,51 +63,60 @@ COUNTING_LINES = (
     "self._puts_left -= 1",
     "if not self._gets_left:",  # with the timed call on the next line
     "if not self._puts_left:",
-    "self._bytes_in += q[base + E.value_len]",
-    "self._bytes_out += value_len if count else 0",
+    "self.bytes_in += self._eq[eid * ENTRY_WORDS + E.value_len]",
+    "self.bytes_out += value_len if count else 0",
 )
-"""The lines of ``kvcache/pool.py`` by which a get or put counts (the header's hit, miss and
-put words are older than the metrics, and stay); one ending in ``:`` goes with the next."""
-COUNTING_LINES_IN_POOL = 11
+"""The lines of ``kvcache/pool.py`` (the countdowns) and ``kvcache/engine/store.py`` (the
+kept-back bytes) by which a get or put counts (the header's hit, miss and put words are
+older than the metrics, and stay); one ending in ``:`` goes with the next."""
+COUNTING_LINES_IN_SOURCE = 11
 CASES = ((4 * KiB, 4096), (MiB, 32))
 OPS = ("put", "get", "get_into")
-Methods = dict[str, Callable[..., object]]
+COUNTING_CLASSES = ((kvcache.pool, "Pool"), (kvcache.engine.store, "Store"))
+Methods = dict[tuple[type, str], Callable[..., object]]
 
 
 def without_counting() -> Methods | None:
-    """``Pool``'s methods that count, compiled from its source with ``COUNTING_LINES``
-    taken out; None (and why, printed) if pool.py no longer has them all."""
-    source = Path(kvcache.pool.__file__)
-    kept: list[str] = []
-    changed: set[str] = set()
-    method, removed, skip_next = "", 0, False
-    for line in source.read_text().split("\n"):
-        if line.startswith("    def "):
-            method = line.split("(")[0].removeprefix("    def ")
-        if skip_next or line.strip() in COUNTING_LINES:
-            skip_next = not skip_next and line.endswith(":")
-            removed += 1
-            changed.add(method)
-        else:
-            kept.append(line)
-    if removed != COUNTING_LINES_IN_POOL:
+    """The methods of ``Pool`` and ``Store`` that count, compiled from their source with
+    ``COUNTING_LINES`` taken out; None (and why, printed) if they no longer have them all."""
+    methods: Methods = {}
+    removed = 0
+    for module, class_name in COUNTING_CLASSES:
+        source = Path(module.__file__ or "")
+        kept: list[str] = []
+        changed: set[str] = set()
+        method, skip_next = "", False
+        for line in source.read_text().split("\n"):
+            if line.startswith("    def "):
+                method = line.split("(")[0].removeprefix("    def ")
+            if skip_next or line.strip() in COUNTING_LINES:
+                skip_next = not skip_next and line.endswith(":")
+                removed += 1
+                changed.add(method)
+            else:
+                kept.append(line)
+        bare = types.ModuleType(f"{module.__name__}_without_counting")
+        bare.__package__ = module.__package__
+        exec(compile("\n".join(kept), str(source), "exec"), bare.__dict__)
+        cls = getattr(module, class_name)
+        methods.update(((cls, name), vars(getattr(bare, class_name))[name]) for name in changed)
+    if removed != COUNTING_LINES_IN_SOURCE:
         print(
-            f"pool.py has {removed} of the {COUNTING_LINES_IN_POOL} counting lines this "
-            "benchmark takes out: update COUNTING_LINES; no table"
+            f"pool.py and engine/store.py have {removed} of the {COUNTING_LINES_IN_SOURCE} "
+            "counting lines this benchmark takes out: update COUNTING_LINES; no table"
         )
         return None
-    module = types.ModuleType("kvcache._pool_without_counting")
-    module.__package__ = "kvcache"
-    exec(compile("\n".join(kept), str(source), "exec"), module.__dict__)
-    return {name: vars(module.Pool)[name] for name in changed}
+    return methods
 
 
 def _install(methods: Methods, pool: Pool, every: int) -> None:
-    """Give ``Pool`` these methods, and ``pool`` a sampler timing one call in ``every``
-    of each op from now on (0: none), as ``Pool.__init__`` does."""
-    for name, method in methods.items():
-        setattr(Pool, name, method)
-    pool._latency = Latency(every, pool._add_sample)
+    """Give ``Pool`` and ``Store`` these methods, and ``pool`` a sampler timing one call in
+    ``every`` of each op from now on (0: none), as ``Pool.__init__`` does."""
+    for (cls, name), method in methods.items():
+        setattr(cls, name, method)
+    engine = pool._engine
+    pool._read, pool._write = engine.read, engine.write  # bound once, as Pool.__init__ does
+    pool._latency = Latency(every, engine.add_sample)
     pool._gets_left = pool._puts_left = pool._latency.every
 
 
@@ -122,7 +132,7 @@ def side_by_side(
     size: int, count: int, bare: Methods, rounds: int, batch_s: float
 ) -> dict[str, dict[str, list[float]]]:
     """Per op and variant, ops/s of each round (this process, one warm pool)."""
-    shipped = {name: vars(Pool)[name] for name in bare}
+    shipped = {(cls, name): vars(cls)[name] for cls, name in bare}
     variants = {
         "no counting": (bare, 0),
         "again": (bare, 0),

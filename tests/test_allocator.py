@@ -35,7 +35,7 @@ def fresh_pool(size: int | str = NUM_PAGES * 1024, **kwargs: object) -> Iterator
 
 
 def _walk(pool: kvcache.Pool, first: int, num_pages: int) -> list[int]:
-    nxt, chain, page = pool._views.page_next_q, [], first
+    nxt, chain, page = pool._engine.views.page_next_q, [], first
     for _ in range(num_pages):
         chain.append(page)
         page = nxt[page]
@@ -44,11 +44,11 @@ def _walk(pool: kvcache.Pool, first: int, num_pages: int) -> list[int]:
 
 def _free_list(pool: kvcache.Pool) -> list[int]:
     """The free list, walked without trusting it (bounded, range-checked)."""
-    h, nxt = pool._views.header_q, pool._views.page_next_q
+    h, nxt = pool._engine.views.header_q, pool._engine.views.page_next_q
     pages, page = [], h[H.free_page_head]
     while page != NO_PAGE:
         assert 0 <= page < h[H.next_fresh_page], f"free list reaches page {page}"
-        assert len(pages) < pool._num_pages, "free list cycles"
+        assert len(pages) < pool._engine.table.num_pages, "free list cycles"
         pages.append(page)
         page = nxt[page]
     return pages
@@ -56,13 +56,13 @@ def _free_list(pool: kvcache.Pool) -> list[int]:
 
 def _check(pool: kvcache.Pool, chains: dict[int, tuple[int, int, int]]) -> None:
     """Every invariant of the allocator against the model: chain id -> (first, last, n)."""
-    allocator, h = pool._allocator, pool._views.header_q
-    num_pages = pool._num_pages
+    allocator, h = pool._engine.table.allocator, pool._engine.views.header_q
+    num_pages = pool._engine.table.num_pages
     held: list[int] = []
     for first, last, n in chains.values():
         chain = _walk(pool, first, n)
         assert chain[-1] == last
-        assert pool._views.page_next_q[last] == NO_PAGE
+        assert pool._engine.views.page_next_q[last] == NO_PAGE
         runs = allocator.runs(first, n)
         assert [p for start, count in runs for p in range(start, start + count)] == chain
         assert all(count >= 1 for _, count in runs)
@@ -92,7 +92,7 @@ OPS = st.lists(
 @given(ops=OPS)
 def test_allocator_against_a_model(ops: list[tuple[str, int]]) -> None:
     with fresh_pool() as pool:
-        allocator = pool._allocator
+        allocator = pool._engine.table.allocator
         chains: dict[int, tuple[int, int, int]] = {}
         for step, (op, n) in enumerate(ops):
             if op == "alloc":
@@ -125,7 +125,7 @@ def test_pages_of_a_pool_after_churn_pass_recovery(sizes: list[int], data: st.Da
                 assert pool.delete(victim)
                 del stored[victim]
             value = bytes([i % 256]) * (pages * 1024 - len(key))  # exactly `pages` pages
-            if pool._allocator.num_available() >= pages:
+            if pool._engine.table.allocator.num_available() >= pages:
                 pool.put(key, value)
                 stored[key] = value
         assert pool.check() == []
@@ -135,7 +135,7 @@ def test_pages_of_a_pool_after_churn_pass_recovery(sizes: list[int], data: st.Da
 
 def test_fresh_pool_gives_adjacent_pages(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool(NUM_PAGES * 1024, page_size="1K")
-    allocator = pool._allocator
+    allocator = pool._engine.table.allocator
     assert allocator.allocate(5) == (0, 4)
     assert allocator.runs(0, 5) == [(0, 5)]
     assert allocator.allocate(1) == (5, 5)
@@ -144,22 +144,22 @@ def test_fresh_pool_gives_adjacent_pages(make_pool: Callable[..., kvcache.Pool])
 
 def test_free_is_lifo_and_mixes_with_fresh_pages(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool(NUM_PAGES * 1024, page_size="1K")
-    allocator = pool._allocator
+    allocator = pool._engine.table.allocator
     a = allocator.allocate(3)  # 0-2
     allocator.allocate(2)  # 3-4
     allocator.free(*a, 3)
-    assert pool._views.header_q[H.free_page_head] == 0
+    assert pool._engine.views.header_q[H.free_page_head] == 0
     first, last = allocator.allocate(5)  # the 3 freed pages, then 2 fresh ones
     assert _walk(pool, first, 5) == [0, 1, 2, 5, 6]
     assert last == 6
     assert allocator.runs(first, 5) == [(0, 3), (5, 2)]
-    assert pool._views.header_q[H.num_free_pages] == 0
-    assert pool._views.header_q[H.next_fresh_page] == 7
+    assert pool._engine.views.header_q[H.num_free_pages] == 0
+    assert pool._engine.views.header_q[H.next_fresh_page] == 7
 
 
 def test_allocate_every_page(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool(NUM_PAGES * 1024, page_size="1K")
-    allocator = pool._allocator
+    allocator = pool._engine.table.allocator
     first, last = allocator.allocate(NUM_PAGES)
     assert (first, last) == (0, NUM_PAGES - 1)
     assert allocator.num_available() == 0
@@ -173,19 +173,19 @@ def test_runs_refuses_chains_that_leave_the_pool(
     make_pool: Callable[..., kvcache.Pool], bad_next: int
 ) -> None:
     pool = make_pool(NUM_PAGES * 1024, page_size="1K")
-    first, _ = pool._allocator.allocate(3)
-    pool._views.page_next_q[first + 1] = bad_next
+    first, _ = pool._engine.table.allocator.allocate(3)
+    pool._engine.views.page_next_q[first + 1] = bad_next
     with pytest.raises(CorruptPoolError, match="leaves the pool"):
-        pool._allocator.runs(first, 3)
+        pool._engine.table.allocator.runs(first, 3)
     with pytest.raises(CorruptPoolError):
-        pool._allocator.runs(NUM_PAGES, 1)
+        pool._engine.table.allocator.runs(NUM_PAGES, 1)
     with pytest.raises(CorruptPoolError):
-        pool._allocator.runs(first, 4)  # one page longer than the chain: ends at -1
+        pool._engine.table.allocator.runs(first, 4)  # one page longer than the chain: ends at -1
 
 
 def test_rebuild_from_owned_pages(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool(NUM_PAGES * 1024, page_size="1K")
-    allocator, h = pool._allocator, pool._views.header_q
+    allocator, h = pool._engine.table.allocator, pool._engine.views.header_q
     allocator.allocate(10)
     owned = np.zeros(NUM_PAGES, bool)
     owned[[1, 2, 7, 12]] = True  # 12 lies above the watermark: it is raised
@@ -206,9 +206,9 @@ def test_fresh_pages_are_reserved_a_granule_at_a_time(
     make_pool: Callable[..., kvcache.Pool],
 ) -> None:
     pool = make_pool("64M", page_size="64K")
-    allocator, h = pool._allocator, pool._views.header_q
+    allocator, h = pool._engine.table.allocator, pool._engine.views.header_q
     granule = RESERVE_GRANULE_BYTES // (64 << 10)
-    data_offset = pool._views.geometry.data_offset
+    data_offset = pool._engine.views.geometry.data_offset
     assert h[H.reserved_pages] == 0
     assert _file_bytes(pool) < data_offset + granule * (64 << 10)
     allocator.allocate(1)
@@ -221,14 +221,14 @@ def test_fresh_pages_are_reserved_a_granule_at_a_time(
     allocator.allocate(3)  # from the free list: nothing more to reserve
     assert h[H.reserved_pages] == 2 * granule
     allocator.allocate(allocator.num_available())
-    assert h[H.reserved_pages] == pool._num_pages
-    assert _file_bytes(pool) >= pool._views.geometry.total_bytes
+    assert h[H.reserved_pages] == pool._engine.table.num_pages
+    assert _file_bytes(pool) >= pool._engine.views.geometry.total_bytes
 
 
 def test_reservation_failure_changes_nothing(make_pool: Callable[..., kvcache.Pool]) -> None:
     """If backing fresh pages fails, the allocator's state is untouched."""
     pool = make_pool(NUM_PAGES * 1024, page_size="1K")
-    views = pool._views
+    views = pool._engine.views
 
     def refuse(offset: int, length: int) -> None:
         raise kvcache.OutOfSharedMemoryError("full")

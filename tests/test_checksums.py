@@ -23,9 +23,9 @@ Maker = Callable[..., kvcache.Pool]
 
 def _damage(pool: kvcache.Pool, key: str, at: int = -1) -> None:
     """Flip one byte of ``key``'s payload in the shared pages (by default its last)."""
-    eid = pool._index.find(*_hash(key.encode()))
+    eid = pool._engine.table.index.find(*_hash(key.encode()))
     assert eid >= 0
-    _, payload, _ = pool._value_views(eid)
+    _, payload, _ = pool._engine.table.value_views(eid)
     view = payload.views[0] if at >= 0 else payload.views[-1]
     view[at] ^= 0xFF
 
@@ -105,9 +105,9 @@ def test_a_value_changed_by_its_caller_during_a_put_is_caught(make_pool: Maker) 
 
 
 def _record(pool: kvcache.Pool, key: str | bytes) -> tuple[int, memoryview]:
-    eid = pool._index.find(*_hash(key if isinstance(key, bytes) else key.encode()))
+    eid = pool._engine.table.index.find(*_hash(key if isinstance(key, bytes) else key.encode()))
     assert eid >= 0
-    return eid, pool._eq
+    return eid, pool._engine.views.entries_q
 
 
 def test_the_checksum_is_the_documented_formula() -> None:

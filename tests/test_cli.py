@@ -401,7 +401,7 @@ def test_health_repair_mends_a_damaged_pool(names):
     with kvcache.open(name) as pool:
         from kvcache.layout import H
 
-        pool._hq[H.num_free_pages] += 5  # white-box damage to a derived counter
+        pool._engine.views.header_q[H.num_free_pages] += 5  # white-box damage to a derived counter
     result = cortex("health", name)
     assert result.returncode == 1 and "--repair" in result.stdout
     repaired = cortex("health", name, "--repair")

@@ -91,7 +91,7 @@ def test_health_reports_and_repairs_damaged_bytes(pool_name: str) -> None:
     with kvcache.create(pool_name, "1M", page_size="4K") as pool:
         pool.put("kept", b"k" * 3000)
         pool.put("hit", b"h" * 3000)
-        _, payload, _ = pool._value_views(pool._find(b"hit"))
+        _, payload, _ = pool._engine.table.value_views(pool._engine.table.find(b"hit"))
         payload.views[0][100] ^= 0xFF  # a stray write into the shared pages
     result = cortex("health", pool_name)
     assert result.returncode == 1

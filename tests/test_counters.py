@@ -73,7 +73,7 @@ def test_bytes_in_and_out_and_explicit_evictions(make_pool: Callable[..., kvcach
 
 def test_a_refused_put_is_an_error(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool("1M", page_size="4K")
-    pool._slot = -1  # as a child forked while every process slot was taken
+    pool._engine.slot = -1  # as a child forked while every process slot was taken
     with pytest.raises(PoolFullError):
         pool.put("k", b"v")
     assert pool.stats().errors == 1
@@ -226,9 +226,9 @@ def test_reset_zeroes_every_counter(make_pool: Callable[..., kvcache.Pool]) -> N
 
 def test_repair_zeroes_negative_counters(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool("1M", page_size="4K")
-    pool._mq[M.bytes_in] = -5
-    pool._mq[M.latency + 3] = -1
-    pool._hq[0 + kvcache.layout.H.dirty] = 1  # as if a holder died
+    pool._engine.metrics.q[M.bytes_in] = -5
+    pool._engine.metrics.q[M.latency + 3] = -1
+    pool._engine.views.header_q[0 + kvcache.layout.H.dirty] = 1  # as if a holder died
     assert pool.stats().bytes_in == 0
     assert pool.metrics().latency["get"].counts[3] == 0
 

@@ -450,7 +450,9 @@ def _fragmented_pool(disk: Path, names: list[str]) -> kvcache.Pool:
 
 
 def _runs_of(pool: kvcache.Pool, key: str) -> int:
-    _, payload, _ = pool._value_views(pool._find(key.encode()), from_file=True)
+    _, payload, _ = pool._engine.table.value_views(
+        pool._engine.table.find(key.encode()), from_file=True
+    )
     assert payload.fd >= 0  # read from the file, not through the mapping
     return len(payload.file_spans)
 
@@ -482,7 +484,9 @@ def test_a_flipped_byte_in_a_large_value_on_disk_is_a_miss_and_counted(disk, nam
     with _fragmented_pool(disk, names) as pool:
         value = np.arange(50_000, dtype=np.float64) if kind == "array" else b"v" * 400_000
         pool.put("big", value)
-        _, payload, _ = pool._value_views(pool._find(b"big"), from_file=True)
+        _, payload, _ = pool._engine.table.value_views(
+            pool._engine.table.find(b"big"), from_file=True
+        )
         offset, length = payload.file_spans[-1]
         spot = offset + length - 1  # the value's last byte, in its last run
         os.pwrite(payload.fd, bytes([os.pread(payload.fd, 1, spot)[0] ^ 0xFF]), spot)
@@ -501,11 +505,14 @@ def test_a_damaged_array_header_on_disk_is_a_miss_not_an_error(disk, names, elem
     array header no longer decoded; the read raised CorruptPoolError instead of a miss."""
     with _fragmented_pool(disk, names) as pool:
         pool.put("big", np.arange(elements, dtype=np.float64))
-        eid = pool._find(b"big")
+        eid = pool._engine.table.find(b"big")
         first_page, key_len = (
-            pool._eq[eid * ENTRY_WORDS + field] for field in (E.first_page, E.key_len)
+            pool._engine.views.entries_q[eid * ENTRY_WORDS + field]
+            for field in (E.first_page, E.key_len)
         )
-        spot = pool._data_offset + first_page * pool._page_size + key_len + 2
+        spot = (
+            pool._engine.table.data_offset + first_page * pool._engine.table.page_size + key_len + 2
+        )
         fd = pool._segment.fd
         os.pwrite(fd, b"\xe7", spot)  # the dtype text's first byte: no longer ASCII
         assert pool.get("big") is None
@@ -517,7 +524,9 @@ def test_a_damaged_array_header_on_disk_is_a_miss_not_an_error(disk, names, elem
 def test_a_truncated_pool_file_is_reported_as_damage_not_a_short_value(disk, names):
     with kvcache.create(_name(names), "4M", tier="disk", path=disk, page_size="64K") as pool:
         pool.put("big", b"x" * 1_000_000)
-        _, payload, _ = pool._value_views(pool._find(b"big"), from_file=True)
+        _, payload, _ = pool._engine.table.value_views(
+            pool._engine.table.find(b"big"), from_file=True
+        )
         offset, _ = payload.file_spans[0]
         os.truncate(pool.path, offset + 500_000)  # keeps the key's page, cuts the value
         with pytest.raises(kvcache.CorruptPoolError, match="shorter than its pages"):
@@ -531,7 +540,7 @@ def _drop_data_pages(pool: kvcache.Pool) -> None:
     pool.flush()
     fd = os.open(pool.path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, pool._data_offset, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, pool._engine.table.data_offset, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 

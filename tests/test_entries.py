@@ -31,7 +31,7 @@ def fresh_pool(**kwargs: object) -> Iterator[kvcache.Pool]:
 @pytest.fixture
 def table4(make_pool: Callable[..., kvcache.Pool]) -> tuple[EntryTable, Views]:
     pool = make_pool("16K", page_size="1K", max_entries=4)
-    return pool._entries, pool._views
+    return pool._engine.table.entries, pool._engine.views
 
 
 def _gen(views: Views, eid: int) -> int:
@@ -162,7 +162,7 @@ OPS = st.lists(
 def test_entry_table_against_a_model(ops: list[tuple[str, int]]) -> None:
     max_entries = 8
     with fresh_pool(max_entries=max_entries) as pool:
-        entries, views = pool._entries, pool._views
+        entries, views = pool._engine.table.entries, pool._engine.views
         claimed: set[int] = set()
         live: list[int] = []  # the model keeps the swap-with-last order too
         for op, n in ops:

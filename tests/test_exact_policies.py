@@ -173,7 +173,7 @@ def test_repair_requeues_every_entry(policy):
     with scratch_pool(policy, 30) as pool:
         drive([pool], requests)
         before = held(pool)
-        pool._hq[H.main_tail] = 0  # as if a process died mid-move
+        pool._engine.views.header_q[H.main_tail] = 0  # as if a process died mid-move
         assert pool.check() != []
         pool.check(repair=True)
         assert pool.check() == [] and held(pool) == before

@@ -29,7 +29,7 @@ def fresh_pool() -> Iterator[kvcache.Pool]:
     name = f"test-{uuid.uuid4().hex[:12]}"
     pool = kvcache.create(name, "16K", page_size="1K", max_entries=MAX_ENTRIES)
     try:
-        assert pool._views.geometry.index_slots == SLOTS
+        assert pool._engine.views.geometry.index_slots == SLOTS
         yield pool
     finally:
         pool.close()
@@ -39,8 +39,8 @@ def fresh_pool() -> Iterator[kvcache.Pool]:
 @pytest.fixture
 def parts(make_pool: Callable[..., kvcache.Pool]) -> tuple[HashIndex, Views]:
     pool = make_pool("16K", page_size="1K", max_entries=MAX_ENTRIES)
-    assert pool._views.geometry.index_slots == SLOTS
-    return pool._index, pool._views
+    assert pool._engine.views.geometry.index_slots == SLOTS
+    return pool._engine.table.index, pool._engine.views
 
 
 def _set_hash(views: Views, eid: int, lo: int, hi: int) -> None:
@@ -166,7 +166,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["insert", "remove", "find"]), KEYS), m
 @given(ops=OPS)
 def test_index_against_a_dict(ops: list[tuple[str, tuple[int, int]]]) -> None:
     with fresh_pool() as pool:
-        index, views = pool._index, pool._views
+        index, views = pool._engine.table.index, pool._engine.views
         model: dict[tuple[int, int], int] = {}
         free_ids = list(range(MAX_ENTRIES))
         seen: set[tuple[int, int]] = set()

@@ -11,7 +11,7 @@ import pytest
 
 import kvcache
 from kvcache import InvalidArgument
-from kvcache.eviction import EVICT_BATCH
+from kvcache.engine.eviction import EVICT_BATCH
 from kvcache.layout import H
 from kvcache.mapping import KeyList
 
@@ -61,14 +61,15 @@ def test_pop_returns_the_value_it_removes_when_another_handle_replaces_it(make_p
     pool = make_pool()
     pool.put("k", b"old")
     other = kvcache.open(pool.name)
-    read = pool._read
+    store = pool._engine  # pop copies the value with its store's read
+    read = store.read
 
     def replaced_before_the_copy(key, copy):
-        pool._read = read  # once: the next attempt reads undisturbed
+        store.read = read  # once: the next attempt reads undisturbed
         other.put("k", b"new")
         return read(key, copy)
 
-    pool._read = replaced_before_the_copy
+    store.read = replaced_before_the_copy
     try:
         # the entry noted before the copy is gone: the pop must retry, not
         # return b"new" while freeing the old (already freed) entry
@@ -111,11 +112,11 @@ class _LiveCountAtEachLock:
     """Wraps a pool's lock, noting how many entries are live each time it is taken."""
 
     def __init__(self, pool: kvcache.Pool) -> None:
-        self.pool, self.lock, self.seen = pool, pool._lock, []
+        self.pool, self.lock, self.seen = pool, pool._engine.lock, []
 
     def __enter__(self) -> None:
         self.lock.__enter__()
-        self.seen.append(self.pool._hq[H.num_live])
+        self.seen.append(self.pool._engine.views.header_q[H.num_live])
 
     def __exit__(self, *exc: object) -> None:
         self.lock.__exit__(*exc)
@@ -127,11 +128,11 @@ def test_clear_releases_the_lock_between_batches(make_pool):
     for i in range(num_entries):
         pool.put(f"k{i}", b"v")
     recorder = _LiveCountAtEachLock(pool)
-    pool._lock = recorder
+    pool._engine.lock = recorder
     try:
         assert pool.clear() == num_entries
     finally:
-        pool._lock = recorder.lock
+        pool._engine.lock = recorder.lock
     removed_per_hold = -np.diff([*recorder.seen, 0])
     assert removed_per_hold.max() <= EVICT_BATCH
     assert len(recorder.seen) >= 1 + math.ceil(num_entries / EVICT_BATCH)

@@ -22,7 +22,7 @@ import pytest
 import kvcache
 from kvcache import NotEnoughMemoryError, memory, segment
 from kvcache.allocator import RESERVE_GRANULE_BYTES
-from kvcache.eviction import GROWTH_RETRY_S
+from kvcache.engine.eviction import GROWTH_RETRY_S
 from kvcache.layout import Geometry, H
 
 G, M = 1 << 30, 1 << 20
@@ -348,7 +348,7 @@ def test_regression_a_full_dev_shm_refused_puts_that_eviction_could_serve(
     shm = mount_tmpfs(tmpfs_size)
     monkeypatch.setenv("KVCACHE_SHM_DIR", str(shm))
     with kvcache.create(pool_name, "16M", page_size="64K", clock=clock) as pool:
-        header = pool._views.header_q
+        header = pool._engine.views.header_q
         pool.put("k0", _value(0))  # backs the first granule (8 MiB) of pages
         reserved = header[H.reserved_pages]
         filler = _fill_but(shm, M)

@@ -92,7 +92,9 @@ def test_a_forked_observer_takes_no_slot(pool_name: str) -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            os.write(write_end, f"{observer._slot} {observer.stats().num_attached}\n".encode())
+            os.write(
+                write_end, f"{observer._engine.slot} {observer.stats().num_attached}\n".encode()
+            )
         finally:
             os._exit(0)
     os.close(write_end)

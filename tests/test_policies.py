@@ -174,7 +174,7 @@ def test_s3fifo_recalls_keys_evicted_lately(small_pool):
     fill(pool, SLOTS + 1)  # k0 evicted, remembered
     pool.put("k0", b"v")  # recalled: not on probation
     assert pool.stats().evictions == 2
-    assert pool._views.entries["probation"][pool.locate("k0").eid] == 0
+    assert pool._engine.views.entries["probation"][pool.locate("k0").eid] == 0
 
 
 def test_a_key_stored_again_keeps_its_standing(small_pool):
@@ -182,7 +182,7 @@ def test_a_key_stored_again_keeps_its_standing(small_pool):
     fill(pool)
     pool.get("k0")  # proven
     pool.put("k0", b"again")
-    assert pool._views.entries["probation"][pool.locate("k0").eid] == 0
+    assert pool._engine.views.entries["probation"][pool.locate("k0").eid] == 0
 
 
 def test_arc_balances_probation_by_what_its_evictions_cost(small_pool):
@@ -192,13 +192,13 @@ def test_arc_balances_probation_by_what_its_evictions_cost(small_pool):
     pool.put("a", b"v")
     assert "k0" not in survivors(pool)  # T1's least recent, though k7 is the only one in T2
     pool.put("k0", b"v")  # recalled from T1's ghosts: target 1, and k0 joins T2
-    assert pool._hd[H.probation_target] == 1 and "k1" not in survivors(pool)
+    assert pool._engine.views.header_d[H.probation_target] == 1 and "k1" not in survivors(pool)
     for key in ("k2", "k3", "k4", "k5", "k6", "a"):
         pool.get(key)  # T1 empty, T2 all 8: T2 gives way
     pool.put("b", b"v")
     assert "k7" not in survivors(pool)  # T2's least recent
     pool.put("k7", b"v")  # recalled from T2's ghosts: target back to 0
-    assert pool._hd[H.probation_target] == 0
+    assert pool._engine.views.header_d[H.probation_target] == 0
 
 
 def test_unknown_policy_lists_the_valid_names():

@@ -417,7 +417,7 @@ def test_check_reports_and_repairs_a_broken_counter(make_pool):
     pool.put("a", b"1")
     from kvcache.layout import H
 
-    pool._hq[H.used_pages] += 3  # white-box: corrupt a derived counter
+    pool._engine.views.header_q[H.used_pages] += 3  # white-box: corrupt a derived counter
     problems = pool.check()
     assert problems and "used pages" in problems[0]
     assert pool.check(repair=True) == problems

@@ -125,17 +125,22 @@ def test_the_sketch_counts_every_ask_and_its_repair_leaves_the_counts(prefix_poo
     pool.put("x/y", b"v", parent="x")  # declined, but asked for
     pool.get("a")
     lo, hi = key_hash(b"a")
-    assert pool._sketch.estimate(lo, hi) == 2
-    assert pool._sketch.estimate(*key_hash(b"x/y")) == 1
-    assert pool._hq[H.sketch_additions] == 4
-    words = bytes(pool._views.ghost_uq)
-    pool._hq[H.sketch_additions] = -5
-    pool._hq[H.num_ghosts_main] = 3  # no ghosts in a prefix pool: the region is the sketch
+    assert pool._engine.table.sketch.estimate(lo, hi) == 2
+    assert pool._engine.table.sketch.estimate(*key_hash(b"x/y")) == 1
+    assert pool._engine.views.header_q[H.sketch_additions] == 4
+    words = bytes(pool._engine.views.ghost_uq)
+    pool._engine.views.header_q[H.sketch_additions] = -5
+    pool._engine.views.header_q[H.num_ghosts_main] = (
+        3  # no ghosts in a prefix pool: the region is the sketch
+    )
     problems = pool.check(repair=True)
     assert any("sketch_additions" in p for p in problems)
     assert any("num_ghosts_main" in p for p in problems)
-    assert pool.check() == [] and bytes(pool._views.ghost_uq) == words
-    assert pool._hq[H.sketch_additions] == 0 and pool._hq[H.num_probation] == 0
+    assert pool.check() == [] and bytes(pool._engine.views.ghost_uq) == words
+    assert (
+        pool._engine.views.header_q[H.sketch_additions] == 0
+        and pool._engine.views.header_q[H.num_probation] == 0
+    )
 
 
 def test_other_policies_ignore_parents(make_pool):
@@ -169,11 +174,11 @@ def test_repair_drops_chunks_whose_parent_is_gone(prefix_pool):
     put_prompt(pool, "a/b/c")
     put_prompt(pool, "x")
     eid = pool.locate("a").eid
-    q = pool._views.entries_q
+    q = pool._engine.views.entries_q
     # a crash mid-removal: "a" freed, its descendants still READY
-    pool._index.remove(eid, q[eid * ENTRY_WORDS + E.hash_lo])
-    pool._entries.remove_live(eid)
-    pool._free_entry(eid)
+    pool._engine.table.index.remove(eid, q[eid * ENTRY_WORDS + E.hash_lo])
+    pool._engine.table.entries.remove_live(eid)
+    pool._engine.table.free_entry(eid)
     problems = pool.check()
     assert any("the chunk before it in its prompt is gone" in p for p in problems)
     pool.check(repair=True)
@@ -184,7 +189,7 @@ def test_repair_relinks_a_damaged_child_list(prefix_pool):
     pool = prefix_pool()
     put_prompt(pool, "a/b")
     put_prompt(pool, "a/c")
-    pool._views.entries_q[pool.locate("a").eid * ENTRY_WORDS + E.first_child] = 0
+    pool._engine.views.entries_q[pool.locate("a").eid * ENTRY_WORDS + E.first_child] = 0
     assert any("list of children" in p for p in pool.check())
     pool.check(repair=True)
     assert pool.check() == []
@@ -231,7 +236,10 @@ def test_a_store_stops_at_the_first_chunk_the_pool_declines(make_pool):
     assert cache.store(list(range(16)), kv) == 0  # the first chunk lost to hot0: none written
     assert len(pool) == SLOTS and pool.stats().evictions == 0 and cache.lookup(range(16)) == 0
     # every chunk was counted as asked for all the same, as its put would have been
-    counts = [pool._sketch.estimate(*key_hash(k.encode())) for k in cache.chunk_keys(range(16))]
+    counts = [
+        pool._engine.table.sketch.estimate(*key_hash(k.encode()))
+        for k in cache.chunk_keys(range(16))
+    ]
     assert counts == [1, 1, 1, 1]
 
 

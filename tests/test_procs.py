@@ -25,7 +25,7 @@ _HOLD_OPEN = textwrap.dedent(
     """
     import sys, kvcache
     pool = kvcache.open(sys.argv[1])
-    print(pool._slot, pool._serial, flush=True)
+    print(pool._engine.slot, pool._engine.serial, flush=True)
     sys.stdin.read()
     """
 )
@@ -62,19 +62,19 @@ def test_identity_of_this_process() -> None:
 
 def test_a_pool_holds_a_slot_while_open(make_pool: Callable[..., kvcache.Pool]) -> None:
     pool = make_pool("64K", page_size="1K")
-    slot, serial = pool._slot, pool._serial
+    slot, serial = pool._engine.slot, pool._engine.serial
     assert serial >= 1
-    assert pool._procs.is_live(slot, serial)
-    assert not pool._procs.is_live(slot, serial + 1)  # a later holder of the slot
-    assert not pool._procs.is_live(-1, serial)
-    assert not pool._procs.is_live(10**6, serial)
+    assert pool._engine.procs.is_live(slot, serial)
+    assert not pool._engine.procs.is_live(slot, serial + 1)  # a later holder of the slot
+    assert not pool._engine.procs.is_live(-1, serial)
+    assert not pool._engine.procs.is_live(10**6, serial)
     assert pool.stats().attached == (os.getpid(),)
     assert pool.stats().num_attached == 1
     with kvcache.open(pool.name) as other:  # a second handle takes a slot of its own
-        assert other._slot != slot
-        assert pool._procs.is_live(other._slot, other._serial)
+        assert other._engine.slot != slot
+        assert pool._engine.procs.is_live(other._engine.slot, other._engine.serial)
         assert pool.stats().attached == (os.getpid(),)  # each process once
-    assert not pool._procs.is_live(other._slot, other._serial)
+    assert not pool._engine.procs.is_live(other._engine.slot, other._engine.serial)
 
 
 def test_a_killed_holder_is_dead_at_once_and_its_slot_serves_again(
@@ -82,19 +82,19 @@ def test_a_killed_holder_is_dead_at_once_and_its_slot_serves_again(
 ) -> None:
     pool = make_pool("64K", page_size="1K")
     proc, slot, serial = _holder(pool.name)
-    assert pool._procs.is_live(slot, serial)
+    assert pool._engine.procs.is_live(slot, serial)
     assert proc.pid in pool.stats().attached
     _kill(proc)
-    assert not pool._procs.is_live(slot, serial)
+    assert not pool._engine.procs.is_live(slot, serial)
     assert proc.pid not in pool.stats().attached
     # Its slot was not cleared (no clean close), so it is taken only once the
     # cleared ones are used up; a later holder gets a new serial.
-    table = pool._views.procs
+    table = pool._engine.views.procs
     table["pid_ns"][table["pid_ns"] == 0] = 1  # white-box: every other slot looks used
     table["pid_ns"][slot] = 0
     with kvcache.open(pool.name) as again:
-        assert (again._slot, again._serial) == (slot, serial + 1)
-        assert not pool._procs.is_live(slot, serial)  # the dead writer stays dead
+        assert (again._engine.slot, again._engine.serial) == (slot, serial + 1)
+        assert not pool._engine.procs.is_live(slot, serial)  # the dead writer stays dead
 
 
 def test_pid_reuse_cannot_revive_a_dead_holder(make_pool: Callable[..., kvcache.Pool]) -> None:
@@ -102,9 +102,9 @@ def test_pid_reuse_cannot_revive_a_dead_holder(make_pool: Callable[..., kvcache.
     pool = make_pool("64K", page_size="1K")
     proc, slot, serial = _holder(pool.name)
     _kill(proc)
-    pool._views.procs["pid"][slot] = os.getpid()  # as if our pid had been recycled
-    pool._views.procs["start"][slot] = me().start
-    assert not pool._procs.is_live(slot, serial)
+    pool._engine.views.procs["pid"][slot] = os.getpid()  # as if our pid had been recycled
+    pool._engine.views.procs["start"][slot] = me().start
+    assert not pool._engine.procs.is_live(slot, serial)
 
 
 def test_table_full_refuses_then_a_dead_slot_is_reused(pool_name: str) -> None:
@@ -116,7 +116,7 @@ def test_table_full_refuses_then_a_dead_slot_is_reused(pool_name: str) -> None:
             kvcache.open(pool_name)
         _kill(proc)
         with kvcache.open(pool_name) as reused:
-            assert (reused._slot, reused._serial) == (slot, serial + 1)
+            assert (reused._engine.slot, reused._engine.serial) == (slot, serial + 1)
     finally:
         pool.close()
 
@@ -130,7 +130,7 @@ def test_forked_child_takes_a_slot_of_its_own(make_pool: Callable[..., kvcache.P
     if pid == 0:  # child: report its slot, store a value, wait, exit without closing
         try:
             os.close(read_end)
-            os.write(write_end, f"{pool._slot} {pool._serial}\n".encode())
+            os.write(write_end, f"{pool._engine.slot} {pool._engine.serial}\n".encode())
             pool.put("from-child", b"x" * 100_000)
             os.write(write_end, b"stored\n")
             os.read(go_read, 1)
@@ -140,16 +140,18 @@ def test_forked_child_takes_a_slot_of_its_own(make_pool: Callable[..., kvcache.P
     with os.fdopen(read_end) as child_out:
         slot, serial = map(int, child_out.readline().split())
         assert child_out.readline() == "stored\n"
-        assert slot != pool._slot
-        assert pool._procs.is_live(slot, serial)
-        assert pool._procs.is_live(pool._slot, pool._serial)
+        assert slot != pool._engine.slot
+        assert pool._engine.procs.is_live(slot, serial)
+        assert pool._engine.procs.is_live(pool._engine.slot, pool._engine.serial)
         assert set(pool.stats().attached) == {os.getpid(), pid}
         os.write(go_write, b"x")
         os.waitpid(pid, 0)
     os.close(go_read)
     os.close(go_write)
-    assert not pool._procs.is_live(slot, serial)
-    assert pool._procs.is_live(pool._slot, pool._serial)  # the parent's lease is untouched
+    assert not pool._engine.procs.is_live(slot, serial)
+    assert pool._engine.procs.is_live(
+        pool._engine.slot, pool._engine.serial
+    )  # the parent's lease is untouched
     assert pool.stats().attached == (os.getpid(),)
     assert pool.get("from-child") == b"x" * 100_000
     assert pool.check() == []
@@ -160,14 +162,14 @@ def test_holder_in_another_pid_namespace_is_alive(make_pool: Callable[..., kvcac
     pool = make_pool("64K", page_size="1K")
     proc, slot, serial = _holder(pool.name, "unshare", "--pid", "--fork", "--mount-proc")
     try:
-        assert pool._procs.is_live(slot, serial)
+        assert pool._engine.procs.is_live(slot, serial)
         stats = pool.stats()
         assert stats.num_attached == 2
         assert stats.attached == (os.getpid(),)  # its pid means nothing here
-        assert int(pool._views.procs["pid_ns"][slot]) != me().pid_ns
+        assert int(pool._engine.views.procs["pid_ns"][slot]) != me().pid_ns
     finally:
         _kill(proc)
-    assert not pool._procs.is_live(slot, serial)
+    assert not pool._engine.procs.is_live(slot, serial)
     assert pool.stats().num_attached == 1
 
 

@@ -25,21 +25,21 @@ Stored = dict[str, Value]
 
 
 def _eid(pool: kvcache.Pool, key: str) -> int:
-    eid = pool._index.find(*_hash(key.encode()))
+    eid = pool._engine.table.index.find(*_hash(key.encode()))
     assert eid >= 0, key
     return eid
 
 
 def _field(pool: kvcache.Pool, eid: int, field: str) -> int:
-    return pool._views.entries_q[eid * ENTRY_WORDS + getattr(E, field)]
+    return pool._engine.views.entries_q[eid * ENTRY_WORDS + getattr(E, field)]
 
 
 def _set(pool: kvcache.Pool, eid: int, field: str, value: int) -> None:
-    pool._views.entries_q[eid * ENTRY_WORDS + getattr(E, field)] = value
+    pool._engine.views.entries_q[eid * ENTRY_WORDS + getattr(E, field)] = value
 
 
 def _free_pages(pool: kvcache.Pool) -> list[int]:
-    h, nxt = pool._views.header_q, pool._views.page_next_q
+    h, nxt = pool._engine.views.header_q, pool._engine.views.page_next_q
     pages, page = [], h[H.free_page_head]
     while page != NO_PAGE:
         pages.append(page)
@@ -88,7 +88,7 @@ def _assert_repaired(
     expect: str,
     dropped: tuple[str, ...] = (),
 ) -> None:
-    problems = recovery.find_problems(pool._recovery_parts())
+    problems = recovery.find_problems(pool._engine.recovery_parts())
     assert any(expect in p for p in problems), problems
     assert pool.check() == problems  # check() without repair changes nothing
     repairs = pool.stats().repairs
@@ -109,41 +109,41 @@ def _assert_repaired(
         assert pool.delete(key)
     assert pool.check() == []
     assert len(pool) == 0 and pool.stats().used_bytes == 0
-    assert pool._allocator.num_available() == pool._num_pages
+    assert pool._engine.table.allocator.num_available() == pool._engine.table.num_pages
 
 
 # ------------------------------------------------------------------ free list
 
 
 def test_free_list_head_points_at_an_owned_page(pool: kvcache.Pool, stored: Stored) -> None:
-    pool._views.header_q[H.free_page_head] = _field(pool, _eid(pool, "c"), "first_page")
+    pool._engine.views.header_q[H.free_page_head] = _field(pool, _eid(pool, "c"), "first_page")
     _assert_repaired(pool, stored, "free list")
 
 
 def test_free_list_cycle(pool: kvcache.Pool, stored: Stored) -> None:
     first, second = _free_pages(pool)[:2]
-    pool._views.page_next_q[second] = first
+    pool._engine.views.page_next_q[second] = first
     _assert_repaired(pool, stored, "free list")
 
 
 @pytest.mark.parametrize("bad", [64, 10**9, -2])
 def test_free_list_link_leaves_the_pool(pool: kvcache.Pool, stored: Stored, bad: int) -> None:
-    pool._views.page_next_q[_free_pages(pool)[0]] = bad
+    pool._engine.views.page_next_q[_free_pages(pool)[0]] = bad
     _assert_repaired(pool, stored, "free list")
 
 
 def test_free_list_cut_short_leaks_pages(pool: kvcache.Pool, stored: Stored) -> None:
-    pool._views.page_next_q[_free_pages(pool)[1]] = NO_PAGE
+    pool._engine.views.page_next_q[_free_pages(pool)[1]] = NO_PAGE
     _assert_repaired(pool, stored, "leaked")
 
 
 def test_free_pages_counter(pool: kvcache.Pool, stored: Stored) -> None:
-    pool._views.header_q[H.num_free_pages] += 1
+    pool._engine.views.header_q[H.num_free_pages] += 1
     _assert_repaired(pool, stored, "free pages counter")
 
 
 def test_used_pages_counter(pool: kvcache.Pool, stored: Stored) -> None:
-    pool._views.header_q[H.used_pages] -= 3
+    pool._engine.views.header_q[H.used_pages] -= 3
     _assert_repaired(pool, stored, "used pages counter")
 
 
@@ -151,25 +151,27 @@ def test_used_pages_counter(pool: kvcache.Pool, stored: Stored) -> None:
 
 
 def test_dropped_index_slot(pool: kvcache.Pool, stored: Stored) -> None:
-    slot = int(np.flatnonzero(pool._views.index == _eid(pool, "b") + 1)[0])
-    pool._views.index[slot] = 0
+    slot = int(np.flatnonzero(pool._engine.views.index == _eid(pool, "b") + 1)[0])
+    pool._engine.views.index[slot] = 0
     assert pool.get("b") is None  # really lost until repaired
     _assert_repaired(pool, stored, "key index")
 
 
 def test_index_slot_for_a_free_entry(pool: kvcache.Pool, stored: Stored) -> None:
-    free_slot = int(np.flatnonzero(pool._views.index == 0)[0])
-    pool._views.index[free_slot] = pool._views.header_q[H.next_fresh_entry] + 1  # never used
+    free_slot = int(np.flatnonzero(pool._engine.views.index == 0)[0])
+    pool._engine.views.index[free_slot] = (
+        pool._engine.views.header_q[H.next_fresh_entry] + 1
+    )  # never used
     _assert_repaired(pool, stored, "key index")
 
 
 def test_live_list_count(pool: kvcache.Pool, stored: Stored) -> None:
-    pool._views.header_q[H.num_live] -= 1
+    pool._engine.views.header_q[H.num_live] -= 1
     _assert_repaired(pool, stored, "live list")
 
 
 def test_live_list_positions(pool: kvcache.Pool, stored: Stored) -> None:
-    live = pool._views.live
+    live = pool._engine.views.live
     live[0], live[1] = int(live[1]), int(live[0])  # ids swapped, live_pos not
     _assert_repaired(pool, stored, "live list")
 
@@ -178,19 +180,19 @@ def test_live_list_positions(pool: kvcache.Pool, stored: Stored) -> None:
 
 
 def test_chain_starts_outside_the_pool(pool: kvcache.Pool, stored: Stored) -> None:
-    _set(pool, _eid(pool, "c"), "first_page", pool._num_pages + 5)
+    _set(pool, _eid(pool, "c"), "first_page", pool._engine.table.num_pages + 5)
     _assert_repaired(pool, stored, "leaves the pool", dropped=("c",))
 
 
 def test_chain_link_leaves_the_pool(pool: kvcache.Pool, stored: Stored) -> None:
     first = _field(pool, _eid(pool, "b"), "first_page")
-    pool._views.page_next_q[first] = 10**6
+    pool._engine.views.page_next_q[first] = 10**6
     _assert_repaired(pool, stored, "leaves the pool", dropped=("b",))
 
 
 def test_chain_ends_early(pool: kvcache.Pool, stored: Stored) -> None:
     first = _field(pool, _eid(pool, "d"), "first_page")
-    pool._views.page_next_q[first] = NO_PAGE
+    pool._engine.views.page_next_q[first] = NO_PAGE
     _assert_repaired(pool, stored, "leaves the pool", dropped=("d",))
 
 
@@ -214,7 +216,7 @@ def test_chain_that_loops_back_on_itself_is_dropped(pool: kvcache.Pool, stored: 
     twice; deleting it later freed a page twice and corrupted the counters."""
     eid = _eid(pool, "c")  # 5 adjacent pages p..p+4
     first = _field(pool, eid, "first_page")
-    pool._views.page_next_q[first + 2] = first + 1  # p, p+1, p+2, p+1, p+2
+    pool._engine.views.page_next_q[first + 2] = first + 1  # p, p+1, p+2, p+1, p+2
     _set(pool, eid, "last_page", first + 2)
     _assert_repaired(pool, stored, "visits a page twice", dropped=("c",))
 
@@ -246,8 +248,8 @@ def test_two_ready_entries_with_one_key(pool: kvcache.Pool, stored: Stored) -> N
     _set(pool, e, "hash_lo", lo)
     _set(pool, e, "hash_hi", hi)
     page = _field(pool, e, "first_page") * 1024
-    pool._views.data[page : page + 1] = b"a"
-    _set(pool, e, "checksum", transfer.as_word(pool._summed(e).computed()))
+    pool._engine.views.data[page : page + 1] = b"a"
+    _set(pool, e, "checksum", transfer.as_word(pool._engine.table.summed(e).computed()))
     assert _field(pool, e, "created") > _field(pool, a, "created")
     stored["a"] = stored["e"]
     _assert_repaired(pool, stored, "older duplicate", dropped=("e",))
@@ -259,8 +261,8 @@ def _dead_writer(pool: kvcache.Pool) -> tuple[int, int]:
         [
             sys.executable,
             "-c",
-            "import sys, kvcache; p = kvcache.open(sys.argv[1]); print(p._slot, p._serial, "
-            "flush=True); sys.stdin.read()",
+            "import sys, kvcache; p = kvcache.open(sys.argv[1]); e = p._engine; "
+            "print(e.slot, e.serial, flush=True); sys.stdin.read()",
             pool.name,
         ],
         stdin=subprocess.PIPE,
@@ -269,7 +271,7 @@ def _dead_writer(pool: kvcache.Pool) -> tuple[int, int]:
     )
     assert child.stdout is not None
     slot, serial = map(int, child.stdout.readline().split())
-    assert pool._procs.is_live(slot, serial)
+    assert pool._engine.procs.is_live(slot, serial)
     child.kill()
     child.communicate(timeout=20)
     return slot, serial
@@ -290,8 +292,8 @@ def test_half_written_by_a_dead_process(pool: kvcache.Pool, stored: Stored) -> N
 
 def test_half_written_by_a_live_process_is_kept(pool: kvcache.Pool, stored: Stored) -> None:
     """A WRITING entry of a live writer owns its pages: nothing to report or drop."""
-    eid = pool._entries.claim()
-    first, last = pool._allocator.allocate(2)
+    eid = pool._engine.table.entries.claim()
+    first, last = pool._engine.table.allocator.allocate(2)
     fields = {
         "state": WRITING,
         "key_len": 3,
@@ -302,7 +304,7 @@ def test_half_written_by_a_live_process_is_kept(pool: kvcache.Pool, stored: Stor
     }
     for field, value in fields.items():
         _set(pool, eid, field, value)
-    _set_owner(pool, eid, (pool._slot, pool._serial))
+    _set_owner(pool, eid, (pool._engine.slot, pool._engine.serial))
     assert pool.check() == []
     assert pool.check(repair=True) == []
     assert _field(pool, eid, "state") == WRITING
@@ -314,8 +316,8 @@ def test_half_written_by_an_earlier_holder_of_a_live_slot(
     pool: kvcache.Pool, stored: Stored
 ) -> None:
     """The writer's slot is held again, by someone else: the writer is still dead."""
-    eid = pool._entries.claim()
-    first, last = pool._allocator.allocate(1)
+    eid = pool._engine.table.entries.claim()
+    first, last = pool._engine.table.allocator.allocate(1)
     for field, value in {
         "state": WRITING,
         "key_len": 3,
@@ -325,7 +327,7 @@ def test_half_written_by_an_earlier_holder_of_a_live_slot(
         "num_pages": 1,
     }.items():
         _set(pool, eid, field, value)
-    _set_owner(pool, eid, (pool._slot, pool._serial - 1))
+    _set_owner(pool, eid, (pool._engine.slot, pool._engine.serial - 1))
     _assert_repaired(pool, stored, "which died")
 
 
@@ -333,12 +335,12 @@ def test_free_entry_chain_reaching_a_live_entry(pool: kvcache.Pool, stored: Stor
     """Regression: find_problems never looked at the chain of free entry slots, so a
     chain that led to a live entry passed check(), and the next put claimed that
     entry's slot and overwrote it under its live index and live-list positions."""
-    pool._views.header_q[H.free_entry_head] = _eid(pool, "a") + 1
+    pool._engine.views.header_q[H.free_entry_head] = _eid(pool, "a") + 1
     _assert_repaired(pool, stored, "free entry")
 
 
 def test_free_entry_chain_cycle(pool: kvcache.Pool, stored: Stored) -> None:
-    head = pool._views.header_q[H.free_entry_head]
+    head = pool._engine.views.header_q[H.free_entry_head]
     assert head  # tmp1 and tmp2 freed two slots, f took one back
     _set(pool, head - 1, "next_free", head)
     _assert_repaired(pool, stored, "free entry")
@@ -349,9 +351,9 @@ def test_free_entry_chain_cycle(pool: kvcache.Pool, stored: Stored) -> None:
 
 def test_dirty_flag_triggers_a_rebuild_on_the_next_lock(pool: kvcache.Pool, stored: Stored) -> None:
     """A holder that dies leaves ``dirty`` set: the next holder repairs first."""
-    h = pool._views.header_q
+    h = pool._engine.views.header_q
     h[H.used_pages] += 7
-    pool._views.index[:] = 0
+    pool._engine.views.index[:] = 0
     h[H.dirty] = 1
     assert _same(pool.get("c"), stored["c"])  # the index was rebuilt before the lookup
     assert h[H.dirty] == 0
@@ -363,16 +365,16 @@ def test_a_consistent_pool_has_no_problems_and_repair_is_a_no_op(
     pool: kvcache.Pool, stored: Stored
 ) -> None:
     pool.stats()  # adds the byte counts this process kept back (kvcache.counters)
-    before = bytes(pool._views.raw[: pool._views.geometry.data_offset])
+    before = bytes(pool._engine.views.raw[: pool._engine.views.geometry.data_offset])
     assert pool.check(repair=True) == []
     assert pool.stats().repairs == 0
-    assert bytes(pool._views.raw[: pool._views.geometry.data_offset]) == before
+    assert bytes(pool._engine.views.raw[: pool._engine.views.geometry.data_offset]) == before
 
 
 def test_rebuild_of_an_empty_pool(pool: kvcache.Pool) -> None:
-    recovery.rebuild(pool._recovery_parts())
+    recovery.rebuild(pool._engine.recovery_parts())
     assert pool.check() == []
-    assert pool._views.header_d[H.next_expiry_at] == float("inf")
+    assert pool._engine.views.header_d[H.next_expiry_at] == float("inf")
     pool.put("k", b"v")
     assert pool.get("k") == b"v"
 
@@ -381,20 +383,20 @@ def test_rebuild_restores_the_next_expiry(pool: kvcache.Pool) -> None:
     pool.put("soon", b"x", ttl=60)
     pool.put("later", b"y", ttl=600)
     pool.put("never", b"z")
-    expiry = pool._views.header_d[H.next_expiry_at]
-    pool._views.header_d[H.next_expiry_at] = float("inf")
-    recovery.rebuild(pool._recovery_parts())
-    assert pool._views.header_d[H.next_expiry_at] == expiry
+    expiry = pool._engine.views.header_d[H.next_expiry_at]
+    pool._engine.views.header_d[H.next_expiry_at] = float("inf")
+    recovery.rebuild(pool._engine.recovery_parts())
+    assert pool._engine.views.header_d[H.next_expiry_at] == expiry
 
 
 def test_check_without_repair_writes_nothing(make_pool) -> None:
     """Regression: a check clamped an out-of-range entry watermark even without repair."""
     pool = make_pool(size="64K", page_size="1K")
     pool.put("a", b"1")
-    pool._hq[H.next_fresh_entry] = 10**9  # white-box damage
-    before = bytes(pool._views.raw[: pool._views.geometry.data_offset])
+    pool._engine.views.header_q[H.next_fresh_entry] = 10**9  # white-box damage
+    before = bytes(pool._engine.views.raw[: pool._engine.views.geometry.data_offset])
     assert any("watermark" in p for p in pool.check())
-    after = bytes(pool._views.raw[: pool._views.geometry.data_offset])
+    after = bytes(pool._engine.views.raw[: pool._engine.views.geometry.data_offset])
     assert before == after
     pool.check(repair=True)
     assert pool.check() == [] and pool.get("a") == b"1"
@@ -403,5 +405,5 @@ def test_check_without_repair_writes_nothing(make_pool) -> None:
 def test_a_record_claiming_more_pages_than_the_pool_is_reported_not_walked(make_pool) -> None:
     pool = make_pool(size="64K", page_size="1K")
     pool.put("a", b"1")
-    pool._eq[0 * ENTRY_WORDS + E.num_pages] = 2**40  # white-box damage
+    pool._engine.views.entries_q[0 * ENTRY_WORDS + E.num_pages] = 2**40  # white-box damage
     assert any("entry 0" in p for p in pool.check())

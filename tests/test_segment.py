@@ -241,7 +241,7 @@ def test_16g_pool_is_created_fast_and_sparse(pool_name: str) -> None:
     pool = kvcache.create(pool_name, "16G")
     elapsed = time.perf_counter() - started
     try:
-        geometry = pool._views.geometry
+        geometry = pool._engine.views.geometry
         info = _path(pool_name).stat()
         free_after = os.statvfs(seg.shm_dir()).f_bavail * os.statvfs(seg.shm_dir()).f_frsize
         assert elapsed < 1.0
@@ -266,8 +266,8 @@ def test_prealloc_reserves_everything(
 ) -> None:
     pool = make_pool("8M", prealloc=True)
     info = _path(pool_name).stat()
-    assert info.st_blocks * 512 >= info.st_size == pool._views.geometry.total_bytes
-    assert int(pool._views.header["reserved_pages"]) == pool._num_pages
+    assert info.st_blocks * 512 >= info.st_size == pool._engine.views.geometry.total_bytes
+    assert int(pool._engine.views.header["reserved_pages"]) == pool._engine.table.num_pages
 
 
 def test_without_prealloc_only_metadata_is_backed(
@@ -275,8 +275,8 @@ def test_without_prealloc_only_metadata_is_backed(
 ) -> None:
     pool = make_pool("64M")
     info = _path(pool_name).stat()
-    assert info.st_blocks * 512 <= pool._views.geometry.metadata_bytes
-    assert int(pool._views.header["reserved_pages"]) == 0
+    assert info.st_blocks * 512 <= pool._engine.views.geometry.metadata_bytes
+    assert int(pool._engine.views.header["reserved_pages"]) == 0
 
 
 # ----------------------------------------------------------------------- attach

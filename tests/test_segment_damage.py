@@ -155,8 +155,8 @@ def test_bug_index_without_an_empty_slot_hung_every_process() -> None:
     so the next call's lock repairs it."""
 
     def fill_the_index(pool: kvcache.Pool) -> None:
-        live = pool._views.live[: len(pool)].copy()
-        pool._views.index[:] = np.resize(live + 1, pool._views.index.size)
+        live = pool._engine.views.live[: len(pool)].copy()
+        pool._engine.views.index[:] = np.resize(live + 1, pool._engine.views.index.size)
 
     with damaged_pool() as pool:
         for op in (
@@ -186,13 +186,13 @@ def test_bug_last_access_beyond_the_clock_overflowed_get() -> None:
     """Regression: an entry's last_access set to 2**40 passed check(repair=True) == [],
     then get raised OverflowError (LFU's decay 2.0 ** (-idle / half_life))."""
     with damaged_pool("lfu") as pool:
-        eid = pool._index.find(*key_hash(b"small"))
-        pool._eq[eid * ENTRY_WORDS + E.last_access] = 2**40
+        eid = pool._engine.table.index.find(*key_hash(b"small"))
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + E.last_access] = 2**40
         with pytest.raises(CorruptPoolError, match="OverflowError"):
             pool.get("small")
         assert pool.get("small") == VALUES["small"]  # the lock saw the error: next holder repaired
         assert pool.stats().repairs == 1
-        pool._eq[eid * ENTRY_WORDS + E.last_access] = 2**40
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + E.last_access] = 2**40
         problems = pool.check()
         assert any(f"entry {eid}: its last_access" in p for p in problems)
         assert pool.check(repair=True) == problems
@@ -209,7 +209,7 @@ def test_bug_last_access_beyond_the_clock_overflowed_get() -> None:
 )
 def test_header_word_out_of_range_is_reported_and_mended(tmp_path, field, value, use) -> None:
     with damaged_pool() as pool:
-        pool._hq[getattr(H, field)] = value
+        pool._engine.views.header_q[getattr(H, field)] = value
         assert any(f"{field} {value}" in p or "live list" in p for p in pool.check())
         with pytest.raises(CorruptPoolError, match="--repair"):
             use(pool)
@@ -222,7 +222,7 @@ def test_bug_a_child_link_out_of_range_broke_check(tmp_path, policy, child) -> N
     """CI's fuzz found it: a damaged first_child word made check() index past the entry
     table (IndexError) instead of reporting the tree as damaged."""
     with damaged_pool(policy) as pool:
-        pool._eq[0 * ENTRY_WORDS + E.first_child] = child
+        pool._engine.views.entries_q[0 * ENTRY_WORDS + E.first_child] = child
         assert any("chunk tree" in p for p in pool.check())
         assert_repaired(pool, tmp_path)
 
@@ -235,8 +235,10 @@ def test_bug_a_loop_in_a_child_list_hung_delete_and_replace(tmp_path, operation)
         pool.put("root", b"r" * 100)
         for leaf in ("a", "b"):
             pool.put(leaf, b"l" * 100, parent="root")
-        eid = pool._find(b"a")
-        pool._eq[eid * ENTRY_WORDS + E.next_sibling] = eid + 1  # "a" is its own next sibling
+        eid = pool._engine.table.find(b"a")
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + E.next_sibling] = (
+            eid + 1
+        )  # "a" is its own next sibling
         with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
             if operation == "delete":
                 pool.delete("root")
@@ -249,11 +251,11 @@ def test_bug_a_parent_link_in_a_pool_without_a_tree_stranded_later(tmp_path) -> 
     """The fuzz found it: repair relinked a damaged parent word in an lru/ttl pool, whose
     deletes do not cascade, so a later delete of the 'parent' left a stranded entry."""
     with damaged_pool("ttl") as pool:
-        eids = sorted(pool._find(key.encode()) for key in ("small", "array"))
-        pool._eq[eids[1] * ENTRY_WORDS + E.parent] = eids[0] + 1
+        eids = sorted(pool._engine.table.find(key.encode()) for key in ("small", "array"))
+        pool._engine.views.entries_q[eids[1] * ENTRY_WORDS + E.parent] = eids[0] + 1
         assert any("parent is set in a pool that keeps no chunk tree" in p for p in pool.check())
         pool.check(repair=True)
-        assert pool._eq[eids[1] * ENTRY_WORDS + E.parent] == 0
+        assert pool._engine.views.entries_q[eids[1] * ENTRY_WORDS + E.parent] == 0
         pool.clear()
         assert pool.check() == []
 
@@ -264,8 +266,8 @@ def test_a_loop_in_parent_links_is_damage_not_a_hang(tmp_path) -> None:
         pool.put("r", b"r" * 100)
         for key, parent in (("a", "r"), ("c", "a"), ("b", "r")):
             pool.put(key, b"v" * 100, parent=parent)
-        a, c = pool._find(b"a"), pool._find(b"c")
-        pool._eq[a * ENTRY_WORDS + E.parent] = c + 1  # a -> c -> a ...
+        a, c = pool._engine.table.find(b"a"), pool._engine.table.find(b"c")
+        pool._engine.views.entries_q[a * ENTRY_WORDS + E.parent] = c + 1  # a -> c -> a ...
         with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
             pool.put("b", b"w" * 100, parent="a")
         assert_repaired(pool, tmp_path)
@@ -275,13 +277,19 @@ def test_text_key_that_is_not_utf8_is_dropped_by_repair() -> None:
     """The key's bytes and checksum are rewritten together (as a writer that
     means it would): only the meaning of the key can tell it is wrong."""
     with damaged_pool() as pool:
-        eid = pool._index.find(*key_hash("ключ".encode()))
-        start = pool._eq[eid * ENTRY_WORDS + E.first_page] * pool._page_size
-        pool._data[start] = 0xFF
-        pool._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(pool._summed(eid).computed())
-        pool._eq[eid * ENTRY_WORDS + E.hash_lo], pool._eq[eid * ENTRY_WORDS + E.hash_hi] = key_hash(
-            bytes(pool._key_view(eid))
+        eid = pool._engine.table.index.find(*key_hash("ключ".encode()))
+        start = (
+            pool._engine.views.entries_q[eid * ENTRY_WORDS + E.first_page]
+            * pool._engine.table.page_size
         )
+        pool._engine.table.data[start] = 0xFF
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(
+            pool._engine.table.summed(eid).computed()
+        )
+        (
+            pool._engine.views.entries_q[eid * ENTRY_WORDS + E.hash_lo],
+            pool._engine.views.entries_q[eid * ENTRY_WORDS + E.hash_hi],
+        ) = key_hash(bytes(pool._engine.table.key_view(eid)))
         assert any(f"entry {eid}: its text key is not UTF-8" in p for p in pool.check())
         with pytest.raises(CorruptPoolError, match="UnicodeDecodeError"):
             pool.keys()
@@ -293,7 +301,7 @@ def test_damaged_policy_in_the_header_is_written_back() -> None:
     """Open refuses a header whose configuration is damaged; a process that has the
     pool open still knows it, and its repair writes it back."""
     with damaged_pool() as pool:
-        pool._views.header["policy"] = b"bogus"
+        pool._engine.views.header["policy"] = b"bogus"
         with pytest.raises(kvcache.IncompatiblePoolError):
             kvcache.open(pool.name)
         assert any("header policy" in p for p in pool.check())
@@ -327,7 +335,7 @@ def word(data: st.DataObject, kind: str, old: object) -> object:
 
 def damage(pool: kvcache.Pool, data: st.DataObject) -> str:
     """Overwrite one word of the pool's metadata; return which region (for statistics)."""
-    v = pool._views
+    v = pool._engine.views
     target = data.draw(st.sampled_from(["header", "entry", "entry", "index", "live", "links"]))
     if target == "header":
         name = data.draw(st.sampled_from(HEADER_FIELDS))

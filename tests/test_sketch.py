@@ -18,7 +18,7 @@ def sketch_pool(make_pool):
 
 
 def test_counts_grow_by_one_up_to_the_limit(sketch_pool):
-    sketch = sketch_pool._sketch
+    sketch = sketch_pool._engine.table.sketch
     k = key_hash(b"k")
     assert sketch.estimate(*k) == 0
     assert [sketch.add(*k) for _ in range(COUNT_LIMIT + 3)] == [
@@ -31,16 +31,19 @@ def test_counts_grow_by_one_up_to_the_limit(sketch_pool):
 
 
 def test_counts_halve_after_the_window(sketch_pool):
-    sketch = sketch_pool._sketch
+    sketch = sketch_pool._engine.table.sketch
     k = key_hash(b"k")
     for _ in range(12):
         sketch.add(*k)
-    window = AGING_ADDITIONS_PER_SLOT * len(sketch_pool._views.ghost_uq)
+    window = AGING_ADDITIONS_PER_SLOT * len(sketch_pool._engine.views.ghost_uq)
     for i in range(window - 12 - 1):
         sketch.add(*key_hash(f"filler{i}".encode()))
-    assert sketch.estimate(*k) == 12 and sketch_pool._hq[H.sketch_additions] == window - 1
+    assert (
+        sketch.estimate(*k) == 12
+        and sketch_pool._engine.views.header_q[H.sketch_additions] == window - 1
+    )
     sketch.add(*key_hash(b"last"))
-    assert sketch.estimate(*k) == 6 and sketch_pool._hq[H.sketch_additions] == 0
+    assert sketch.estimate(*k) == 6 and sketch_pool._engine.views.header_q[H.sketch_additions] == 0
 
 
 def test_only_a_key_asked_for_more_often_than_the_victim_is_used_gets_in():
@@ -51,12 +54,15 @@ def test_other_probation_policies_keep_ghosts_in_the_region(make_pool):
     pool = make_pool(size=8 * PAGE, page_size=PAGE, policy="s3fifo")
     for i in range(9):
         pool.put(f"k{i}", b"v")
-    assert pool._sketch is None and pool._hq[H.num_ghosts_probation] == 1
+    assert (
+        pool._engine.table.sketch is None
+        and pool._engine.views.header_q[H.num_ghosts_probation] == 1
+    )
     assert pool.check() == []
 
 
 def test_a_restored_count_is_raised_to_the_entry_count_never_lowered(sketch_pool):
-    sketch = sketch_pool._sketch
+    sketch = sketch_pool._engine.table.sketch
     k = key_hash(b"k")
     sketch.raise_to(*k, 5.2)
     assert sketch.estimate(*k) == 5

@@ -95,24 +95,26 @@ def key_bytes(key: str | bytes) -> bytes:
 def entry_fields(pool: kvcache.Pool) -> dict[bytes, tuple[object, ...]]:
     """Key -> the entry-table fields of its entry, found through the key index."""
     out: dict[bytes, tuple[object, ...]] = {}
-    with pool._lock:
-        for eid in pool._entries.live_ids().tolist():
-            key = bytes(pool._key_view(eid))
-            assert pool._find(key) == eid  # the index leads to this very entry
-            record = pool._views.entries[eid]
+    with pool._engine.lock:
+        for eid in pool._engine.table.entries.live_ids().tolist():
+            key = bytes(pool._engine.table.key_view(eid))
+            assert pool._engine.table.find(key) == eid  # the index leads to this very entry
+            record = pool._engine.views.entries[eid]
             out[key] = tuple(record[f].item() for f in FIELDS)
     return out
 
 
 def victim_order(pool: kvcache.Pool) -> list[bytes]:
     """Every live key, the policy's first victim first (as ``Pool.evict`` ranks them)."""
-    with pool._lock:
-        return [bytes(pool._key_view(eid)) for eid, _ in pool._rank_all()]
+    with pool._engine.lock:
+        return [
+            bytes(pool._engine.table.key_view(eid)) for eid, _ in pool._engine.evictor.rank_all()
+        ]
 
 
 def logical_clock(pool: kvcache.Pool) -> int:
-    with pool._lock:
-        return int(pool._hq[H.clock])
+    with pool._engine.lock:
+        return int(pool._engine.views.header_q[H.clock])
 
 
 def assert_same_value(got: object, expected: object) -> None:
@@ -222,7 +224,7 @@ def test_a_restored_queue_policy_pool_requeues_its_entries(
     restored = pools.keep(kvcache.restore_with_report(pools.name(), path, clock=clock)[0])
     assert sorted(map(repr, restored.keys())) == sorted(map(repr, original.keys()))
     assert restored.check() == []
-    records = restored._views.entries[restored._entries.live_ids()]
+    records = restored._engine.views.entries[restored._engine.table.entries.live_ids()]
     never_read = records["created"] == records["last_access"]
     assert (records["probation"] == never_read).all()
     for i in range(20, 40):  # and it goes on evicting by its queues

@@ -244,7 +244,9 @@ def test_spill_counters_survive_repair(chain) -> None:
     top, _bottom = chain("256K", "1M")
     fill(top, 100)
     spills = top.stats().spills
-    top._hq[H.dirty] = 1  # as if a holder died mid-mutation: the next lock holder repairs
+    top._engine.views.header_q[H.dirty] = (
+        1  # as if a holder died mid-mutation: the next lock holder repairs
+    )
     assert top.stats().spills == spills and top.stats().repairs == 1
 
 

@@ -155,7 +155,7 @@ def test_group_members_settings_and_a_writable_one_of_ours_are_both_ignored(
     serve_one(group_pool)
     assert not log.exists()
     path.chmod(0o600)
-    group_pool._hq[kvcache.layout.H.settings_serial] += 1  # what a switch does
+    group_pool._engine.views.header_q[kvcache.layout.H.settings_serial] += 1  # what a switch does
     serve_one(group_pool)
     assert log.exists()
 

@@ -155,7 +155,7 @@ def raise_as_damage(pool_name: str, exc: BaseException) -> NoReturn:
     """Raise ``exc`` from a call on pool ``pool_name`` again, as the ``CorruptPoolError``
     that damage explains if it is a foreign error (or one without the advice).
 
-    The hot paths (``Pool._read``, ``Pool._store``) call it from their own
+    The hot paths (``Store.read``, ``Store.write``) call it from their own
     ``except`` rather than through :func:`reports_damage`, whose extra call
     frame cost 0.25 us (5% of a 4 KiB get); a ``try`` costs nothing until raised.
     """

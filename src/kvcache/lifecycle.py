@@ -348,7 +348,7 @@ def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
             )
         return _open_chain(target, how, chain)
 
-    pool._below = Below(target, open_lower)
+    pool.attach_below(Below(target, open_lower))
 
 
 class Link(NamedTuple):

@@ -2,8 +2,9 @@
 
 ``MappingMixin`` holds what ``Pool`` adds to ``put``/``get``/``delete`` to be
 a ``collections.abc.MutableMapping`` (and what diskcache and cachetools users
-expect: ``touch``, ``ttl``, ``clear`` returning a count), built on the pool's
-own protocols, kept apart so that the pool module reads as the put/get paths.
+expect: ``touch``, ``ttl``, ``clear`` returning a count), each a call of the
+store's upkeep (``kvcache.engine.upkeep``), kept apart so that the pool module
+reads as the put/get paths.
 
 The standard views do not suit a mapping that other processes change while
 it is iterated: the
@@ -24,21 +25,16 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from . import transfer
 from .config import PoolConfig
-from .entries import EntryTable
+from .engine import Store, upkeep
 from .errors import reports_damage
-from .eviction import EVICT_BATCH
-from .keys import Key, encode_key
-from .layout import ENTRY_WORDS, E, H, Views
+from .keys import Key
 from .units import parse_duration
 
 K = TypeVar("K")
 V = TypeVar("V")
 Default = TypeVar("Default")
 Value = bytes | np.ndarray
-READ_ATTEMPTS = 4
-"""A large read overtaken by concurrent eviction this many times is a miss."""
 _NO_DEFAULT: object = object()
 """``pop``'s default when none is given: a miss raises KeyError, as dict's does."""
 
@@ -127,39 +123,10 @@ class ValuesView(abc.ValuesView[V]):
 
 
 class MappingMixin(abc.MutableMapping[Key, Value]):
-    """``Pool``'s mapping methods beyond put/get/delete; they take the lock themselves."""
+    """``Pool``'s mapping methods beyond put/get/delete, over its store (``kvcache.engine``)."""
 
     config: PoolConfig
-    _lock: Any  # PoolLock (ClosedLock once closed)
-    _hq: memoryview
-    _hd: memoryview[float]
-    _eq: memoryview
-    _ed: memoryview[float]
-    _views: Views
-    _entries: EntryTable
-    _clock: Callable[[], float]
-
-    # Pool's protocols (the lock is held by the caller unless said otherwise)
-    def _read(self, key: Key, copy: Callable[..., Any], *, count: bool = True) -> Any:
-        raise NotImplementedError  # Pool's; takes the lock
-
-    def _find(self, key_bytes: bytes) -> int:
-        raise NotImplementedError
-
-    def _lookup(self, key_bytes: bytes, *, count: bool) -> int:
-        raise NotImplementedError
-
-    def _is_ready(self, eid: int, generation: int) -> bool:
-        raise NotImplementedError
-
-    def _remove(self, eid: int) -> int:
-        raise NotImplementedError
-
-    def _key_of(self, eid: int) -> Key:
-        raise NotImplementedError
-
-    def _live_records(self) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
+    _engine: Store
 
     @overload
     def pop(self, key: Key) -> Value: ...
@@ -175,18 +142,9 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
         unremoved nor removed unreturned. Counted in stats as a read (a hit or
         a miss); an entry overtaken ``READ_ATTEMPTS`` times is a miss.
         """
-        key_bytes, _ = encode_key(key)
-        for _ in range(READ_ATTEMPTS):
-            with self._lock:
-                eid = self._find(key_bytes)
-                generation = self._eq[eid * ENTRY_WORDS + E.generation] if eid >= 0 else -1
-            value = self._read(key, transfer.materialise)
-            if value is None:
-                break
-            with self._lock:
-                if eid >= 0 and self._is_ready(eid, generation):
-                    self._remove(eid)
-                    return value
+        value = upkeep.take(self._engine, key)
+        if value is not None:
+            return value
         if default is _NO_DEFAULT:
             raise KeyError(key)
         return default
@@ -199,10 +157,9 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
         first and takes a key another process removed meanwhile for an empty pool.
         """
         while True:
-            with self._lock:
-                if not self._hq[H.num_live]:
-                    raise KeyError("popitem(): the pool is empty")
-                key = self._key_of(int(self._views.live[0]))
+            key = upkeep.any_key(self._engine)
+            if key is None:
+                raise KeyError("popitem(): the pool is empty")
             with contextlib.suppress(KeyError):  # gone meanwhile, or expired: take another
                 return key, self.pop(key)
 
@@ -211,22 +168,11 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
         """Remove every entry; return how many were removed.
 
         Removes the entries there when it starts (a value put meanwhile may
-        survive), ``EVICT_BATCH`` per lock hold, like ``evict``, so that other
+        survive), ``engine.eviction.EVICT_BATCH`` per lock hold, like ``evict``, so that other
         processes are never stalled for the whole pool. Like ``delete``, and
         unlike eviction and expiry, it is not counted in ``stats``.
         """
-        with self._lock:
-            ids = self._entries.live_ids()
-            targets = list(
-                zip(ids.tolist(), self._views.entries[ids]["generation"].tolist(), strict=True)
-            )
-        num_removed = 0
-        for start in range(0, len(targets), EVICT_BATCH):
-            with self._lock:
-                for eid, generation in targets[start : start + EVICT_BATCH]:
-                    if self._is_ready(eid, generation):
-                        num_removed += self._remove(eid)
-        return num_removed
+        return upkeep.clear(self._engine)
 
     @reports_damage
     def touch(self, key: Key, ttl: float | str | None = None) -> bool:
@@ -240,25 +186,13 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
         Raises:
             InvalidArgument: bad key or ttl.
         """
-        key_bytes, _ = encode_key(key)
         ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
-        with self._lock:
-            eid = self._lookup(key_bytes, count=False)
-            if eid < 0:
-                return False
-            expires_at = self._clock() + ttl_s if ttl_s else math.inf
-            self._ed[eid * ENTRY_WORDS + E.expires_at] = expires_at
-            # next_expiry_at is a lower bound (see _sweep_expired): only an earlier expiry moves it
-            if expires_at < self._hd[H.next_expiry_at]:
-                self._hd[H.next_expiry_at] = expires_at
-            return True
+        return upkeep.touch(self._engine, key, ttl_s)
 
     @reports_damage
     def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
         """The keys of all live (unexpired) entries now, in no particular order."""
-        with self._lock:
-            ids, _ = self._live_records()
-            return KeyList(self._key_of(eid) for eid in ids.tolist())
+        return KeyList(upkeep.keys(self._engine))
 
     def items(self) -> ItemsView[Key, Value]:
         """(key, value) pairs of the keys live now, each value read when iteration reaches it.
@@ -281,11 +215,8 @@ class MappingMixin(abc.MutableMapping[Key, Value]):
             KeyError: no live entry for ``key`` (like ``pool[key]``); a None
                 here would read as "never expires".
         """
-        key_bytes, _ = encode_key(key)
-        with self._lock:
-            eid = self._find(key_bytes)
-            expires_at = self._ed[eid * ENTRY_WORDS + E.expires_at] if eid >= 0 else -math.inf
-        now = self._clock()
+        expires_at = upkeep.expiry(self._engine, key)
+        now = self._engine.clock()
         if expires_at <= now:
             raise KeyError(key)
         return None if expires_at == math.inf else expires_at - now

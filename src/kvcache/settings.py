@@ -170,8 +170,7 @@ def _decode(raw: bytes) -> PoolSettings:
 class AccessLogMixin:
     """``Pool``'s side: switch the log in the settings, and follow what they say."""
 
-    _lock: Any
-    _hq: Any
+    _engine: Any  # kvcache.engine.Store (not imported: settings sits below the engine's users)
     _segment: Any
     name: str
     _log: AccessLog | None = None
@@ -180,7 +179,7 @@ class AccessLogMixin:
     @property
     def access_log(self) -> AccessLog | None:
         """The access log this pool writes to now, or None (one header word read per call)."""
-        serial = int(self._hq[H.settings_serial])
+        serial = int(self._engine.views.header_q[H.settings_serial])
         if serial != self._log_serial:
             spec = read_settings(self._segment.path, self.name).access_log
             self._close_access_log()
@@ -209,8 +208,7 @@ class AccessLogMixin:
         pool_path = self._segment.path
         settings = read_settings(pool_path, self.name)
         write_settings(pool_path, dataclasses.replace(settings, access_log=spec), info.st_mode)
-        with self._lock:
-            self._hq[H.settings_serial] += 1
+        self._engine.add_to_counters({H.settings_serial: 1})
         return spec
 
     def _close_access_log(self) -> None:

@@ -4,8 +4,9 @@ A pool may name a lower pool (``create(..., spill_to=NAME)``, kept in its
 header, so every process that opens it follows the same chain to any depth).
 ``TierMixin`` is the chain's half of ``Pool``:
 
-- A put that needs room first *spills*: under the lock it picks victims by the
-  pool's policy, then, without the lock, copies each one into the lower pool
+- A put that needs room first *spills*: its store picks victims by the pool's
+  policy under its lock (``Store.victims_to_move``), then, without the lock,
+  copies each one into the lower pool
   (``Pool.write_entry``: key, value, ttl and priority travel; policy history
   starts afresh there) and removes it here only if it is still that entry.
   Whatever room spilling did not make, the ordinary eviction makes by dropping.
@@ -31,8 +32,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-import numpy as np
-
 from . import transfer
 from .errors import (
     KVCacheError,
@@ -42,18 +41,17 @@ from .errors import (
     ValueTooLargeError,
 )
 from .keys import Key
-from .layout import ENTRY_WORDS, PROMOTE_ON_HIT, E, H
+from .layout import PROMOTE_ON_HIT, H
 from .mapping import _NO_DEFAULT, Default, KeyList, MappingMixin, Value
-from .stored import EntryRef, StoredEntry
+from .stored import EntryRef
 
 if TYPE_CHECKING:
+    from .engine import Store
     from .pool import Pool
 
 T = TypeVar("T")
 REOPEN_INTERVAL_S = 5.0
 """A lower pool that could not be opened (or went away) is looked for again this often."""
-SPILL_ROUNDS = 64
-"""At most this many victim draws per spill; the ordinary eviction does the rest."""
 
 log = logging.getLogger(__name__)
 
@@ -124,20 +122,18 @@ class TierMixin(MappingMixin):
     _below: Below | None
     _promote: int
     name: str
-    _lock: Any
-    _hq: memoryview
-    _eq: memoryview
-    _allocator: Any
-    _entries: Any
+    _engine: Store
 
-    # Pool's, declared for the type checker
-    read_entry: Callable[[EntryRef], tuple[StoredEntry, list[memoryview]] | None]
-    confirm: Callable[[EntryRef, StoredEntry, list[memoryview]], bool]
+    # Pool's and RemoteMixin's, declared for the type checker
+    _read: Callable[..., Any]
     write_entry: Callable[..., bool]
     _demote: Callable[..., bool]
     _demote_to: Any
-    _tidy: Callable[..., tuple[int, int]]
-    _choose_victims: Callable[[], tuple[np.ndarray, bool]]
+
+    def attach_below(self, below: Below) -> None:
+        """Make ``below`` the lower pool: what this pool evicts spills there first."""
+        self._below = below
+        self._engine.spill = self._spill
 
     @property
     def spill_to(self) -> str | None:
@@ -172,40 +168,16 @@ class TierMixin(MappingMixin):
 
     def _spill(self, num_pages: int) -> None:
         """Move victims to the lower pool until ``num_pages`` pages and a slot are free."""
-        # Unlocked read of two counters: a hint only (the put evicts under the lock anyway).
-        if self._allocator.num_available() >= num_pages and self._entries.has_free_slot():
+        # An unlocked read of two counters: a hint only (the put evicts under the lock anyway).
+        if self._engine.has_room(num_pages):
             return
-        with self._lock:
-            victims = self._spill_victims(num_pages)
-        for ref in victims:
+        for ref in self._engine.victims_to_move(num_pages):
             self._spill_one(ref)
-
-    def _spill_victims(self, num_pages: int) -> list[EntryRef]:
-        """Entries whose move would free ``num_pages`` pages and a slot (lock held)."""
-        self._tidy(force=False)  # expired entries are dropped, never spilled
-        shortfall = num_pages - self._allocator.num_available()
-        need_slot = not self._entries.has_free_slot()
-        chosen: dict[int, int] = {}
-        for _ in range(SPILL_ROUNDS):
-            if shortfall <= 0 and not need_slot:
-                break
-            victims, _ = self._choose_victims()
-            if not victims.size:
-                break
-            for eid in victims.tolist():
-                base = eid * ENTRY_WORDS
-                if eid in chosen:
-                    continue
-                chosen[eid] = self._eq[base + E.generation]
-                shortfall -= self._eq[base + E.num_pages]
-                need_slot = False
-                if shortfall <= 0:
-                    break
-        return [EntryRef(eid, generation) for eid, generation in chosen.items()]
 
     def _spill_one(self, ref: EntryRef) -> None:
         """Move one victim to the lower pool, or to the remote at the bottom of the chain."""
-        read = self.read_entry(ref)
+        engine = self._engine
+        read = engine.read_entry(ref)
         if read is None:
             return  # gone since it was chosen
         entry, views = read
@@ -214,19 +186,14 @@ class TierMixin(MappingMixin):
 
             def fill(targets: list[memoryview]) -> int | None:
                 transfer.scatter(targets, tuple(views))
-                return entry.checksum if self.confirm(ref, entry, views) else None
+                return entry.checksum if engine.confirm(ref, entry, views) else None
 
             moved = below.call(lambda lower: lower.write_entry(entry, fill), False)
         else:
-            moved = self._demote(entry, views, lambda: self.confirm(ref, entry, views))
+            moved = self._demote(entry, views, lambda: engine.confirm(ref, entry, views))
         if not moved:
             return  # the put's eviction drops it instead
-        with self._lock:
-            still_here = self._is_ready(*ref)
-            if still_here:
-                self._remove(ref.eid)
-                self._hq[H.spills] += 1
-        if still_here:
+        if engine.remove_entry(ref, count_as=H.spills):
             return
         # replaced here while it moved: what went down is stale
         if below is not None:
@@ -270,8 +237,7 @@ class TierMixin(MappingMixin):
 
         if not self.write_entry(entry, fill, replace=False):
             return False
-        with self._lock:
-            self._hq[H.promotions] += 1
+        self._engine.add_to_counters({H.promotions: 1})
         lower.remove_entry(ref)
         return True
 

@@ -98,7 +98,7 @@ def _close_with_waiters(pool: kvcache.Pool, release: Callable[[], None]) -> list
         waiter.start()
     for waiter in waiters:
         _wait_until(lambda w=waiter: _waiting_for_the_lock(w))
-    lock = pool._lock
+    lock = pool._engine.lock
     closer = _Caller(pool.close)
     closer.start()
     # Closing has begun once the lock is marked closed (before the fix: once close returned).
@@ -156,10 +156,10 @@ def test_close_waits_for_the_thread_inside_the_lock(make_pool, pool_name):
     seen: list[int] = []
 
     def hold() -> None:
-        with pool._lock:  # white-box: what every call does first
+        with pool._engine.lock:  # white-box: what every call does first
             inside.set()
             go.wait(timeout=JOIN_TIMEOUT_S)
-            seen.append(pool._hq[H.num_live])  # the views must still be there
+            seen.append(pool._engine.views.header_q[H.num_live])  # the views must still be there
 
     holder = _Caller(hold)
     holder.start()

@@ -101,11 +101,11 @@ def test_killed_while_holding_the_lock(make_pool) -> None:
         pool.put(f"k{i}", make_value(f"k{i}", 3000 * (i + 1), rng))
     before = pool.stats()
     with Children() as children:
-        # White-box setup: the child enters pool._lock, skews used_pages as if
+        # White-box setup: the child enters pool._engine.lock, skews used_pages as if
         # it died half-way through an allocation, and sleeps until killed.
         holder = children.start("hold-lock", pool=pool.name, skew_used_pages=5)
         wait_for_line(holder, "locked", timeout=20)
-        assert pool._hq[H.dirty] == 1  # white-box: the holder's mark
+        assert pool._engine.views.header_q[H.dirty] == 1  # white-box: the holder's mark
 
         seen: dict[str, kvcache.PoolStats] = {}
         waiter = threading.Thread(target=lambda: seen.update(stats=pool.stats()), daemon=True)
@@ -122,7 +122,7 @@ def test_killed_while_holding_the_lock(make_pool) -> None:
     assert after.num_entries == 10
     assert holder.pid not in after.attached
     with deadline(20):
-        assert pool._hq[H.dirty] == 0
+        assert pool._engine.views.header_q[H.dirty] == 0
         _assert_sound(pool)
         pool.put("after", b"fine")
         assert pool.get("after") == b"fine"

@@ -36,7 +36,7 @@ for i in range(NUM_PUTS):
     pool.put(f"k{i}", bytes([i % 256]) * (1 << 20))
 stats = pool.stats()
 print(json.dumps({
-    "reserved_bytes": int(pool._views.header_q[H.reserved_pages]) * stats.page_size_bytes,
+    "reserved_bytes": int(pool._engine.views.header_q[H.reserved_pages]) * stats.page_size_bytes,
     "evictions": stats.evictions,
     "problems": pool.check(),
     "first": pool.get("k0"),

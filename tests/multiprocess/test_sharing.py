@@ -84,7 +84,7 @@ def test_attached_lists_live_children_only(make_pool) -> None:
 
         # White-box: a clean close clears its slot; a killed process's slot keeps its
         # pid for display until reused, but its lease is gone, so it is not listed.
-        procs = pool._views.procs
+        procs = pool._engine.views.procs
         assert closer.pid not in procs["pid"]
         assert killed.pid in procs["pid"]
 
@@ -167,7 +167,7 @@ def test_pool_opened_before_fork_is_shared_concurrently(make_pool) -> None:
 
 @pytest.mark.parametrize("name_now", ["kept", "removed", "recreated"])
 def test_forked_child_gets_a_lock_of_its_own(make_pool, name_now: str) -> None:
-    """White-box: with the parent inside ``pool._lock``, the child's flock must not succeed.
+    """White-box: with the parent inside ``pool._engine.lock``, the child's flock must not succeed.
 
     Without ``Pool._after_fork`` the child would share the parent's open file
     description, and so its flock: both would "hold" the lock at once. Regression:
@@ -182,15 +182,15 @@ def test_forked_child_gets_a_lock_of_its_own(make_pool, name_now: str) -> None:
     if name_now == "recreated":
         kvcache.create(pool.name, "1M", page_size="16K").close()
     read_end, write_end = os.pipe()
-    with pool._lock:
+    with pool._engine.lock:
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 try:
-                    fcntl.flock(pool._lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(pool._engine.lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     os.write(write_end, b"acquired ")
-                    fcntl.flock(pool._lock.fd, fcntl.LOCK_UN)
+                    fcntl.flock(pool._engine.lock.fd, fcntl.LOCK_UN)
                 except BlockingIOError:
                     os.write(write_end, b"blocked ")
                 pool.put("child", b"waited")  # blocks until the parent lets go

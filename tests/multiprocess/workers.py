@@ -543,14 +543,14 @@ def cmd_pause_mid_move(p: dict) -> dict:
 def cmd_hold_lock(p: dict) -> dict:
     """White-box: take the pool lock, half-mutate (skew a counter), then wait to be killed.
 
-    Reaches into ``Pool._lock`` / ``Pool._hq`` on purpose: it is the only way
+    Reaches into the pool's store (its lock and header) on purpose: it is the only way
     to place a death exactly while the lock is held.
     """
     from kvcache.layout import H
 
     pool = kvcache.open(p["pool"])
-    with pool._lock:
-        pool._hq[H.used_pages] += p.get("skew_used_pages", 0)
+    with pool._engine.lock:
+        pool._engine.views.header_q[H.used_pages] += p.get("skew_used_pages", 0)
         _say("locked")
         time.sleep(60)  # the parent SIGKILLs us long before this ends
     return {}
@@ -559,12 +559,12 @@ def cmd_hold_lock(p: dict) -> dict:
 def cmd_reserve_and_hold_lock(p: dict) -> dict:
     """White-box: start a large put, and stop for good right after its pages are reserved.
 
-    ``Pool._reserve`` is wrapped (in this child only): once it has made the
+    ``Store._reserve`` is wrapped (in this child only): once it has made the
     WRITING entry, still under the lock, the child says ``locked`` and waits
     to be killed, leaving both ``dirty`` set and a WRITING entry of its own.
     """
     pool = kvcache.open(p["pool"])
-    original = pool._reserve
+    original = pool._engine._reserve
 
     def reserve_then_hang(*args: object, **kwargs: object) -> int:
         eid = original(*args, **kwargs)
@@ -572,7 +572,7 @@ def cmd_reserve_and_hold_lock(p: dict) -> dict:
         time.sleep(60)  # the parent SIGKILLs us long before this ends
         return eid
 
-    pool._reserve = reserve_then_hang
+    pool._engine._reserve = reserve_then_hang
     key = p["key"]
     pool.put(key, make_value(key, p["size"], np.random.default_rng(p["seed"])))
     return {"error": "was not killed"}

@@ -13,12 +13,13 @@ hosts: listing or clearing it is an operator's decision, not a cache call).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import transfer
-from ..errors import KVCacheError, OutOfSharedMemoryError, PoolClosedError, PoolFullError
+from ..errors import KVCacheError, OutOfSharedMemoryError, PoolFullError
 from ..keys import Key, encode_key
 from ..layout import REMOTE_COUNTERS, H
 from ..reports import RemoteStats
@@ -28,6 +29,7 @@ from . import records
 from .link import RemoteLink
 
 if TYPE_CHECKING:
+    from ..engine import Store
     from ..pool import Pool
 
 T = TypeVar("T")
@@ -39,17 +41,21 @@ class RemoteMixin:
 
     _remote: RemoteLink | None = None
     _demote_to: RemoteLink | None = None
-    _lock: Any
-    _hq: Any
-    _views: Any
+    _engine: Store
     _segment: Any
     _clock: Callable[[], float]
     name: str
 
-    # Pool's, declared for the type checker
+    # Pool's and TierMixin's, declared for the type checker
     write_entry: Callable[..., bool]
     _read: Callable[..., Any]
+    _spill: Callable[[int], None]
     in_local_tiers: Callable[[Key], bool]
+
+    def attach_demote_to(self, link: RemoteLink) -> None:
+        """Make ``link`` the place this pool's evicted entries go (the chain's bottom pool)."""
+        self._demote_to = link
+        self._engine.spill = self._spill
 
     @property
     def remote(self) -> RemoteLink | None:
@@ -62,8 +68,7 @@ class RemoteMixin:
         if link is None:
             return None
         link.settle()  # this process's counts so far
-        with self._lock:
-            counts = {name: int(self._hq[word]) for name, word in _WORDS.items()}
+        counts = self._engine.read_counters(_WORDS)
         spec = link.spec
         return RemoteStats(
             spec.url, spec.namespace, spec.write_through, not link.is_down, link.problem, **counts
@@ -77,8 +82,7 @@ class RemoteMixin:
             self._remote.settle()
         elif read_settings(self._segment.path, self.name).remote is None:
             return None
-        with self._lock:
-            return {name: int(self._hq[word]) for name, word in _WORDS.items()}
+        return self._engine.read_counters(_WORDS)
 
     def count_present(self, keys: Sequence[Key]) -> int:
         """How many of ``keys``, from the first, are in this pool, its chain or its remote.
@@ -143,8 +147,7 @@ class RemoteMixin:
         except (PoolFullError, OutOfSharedMemoryError):  # ValueTooLargeError is a PoolFullError
             return False
         if stored:
-            with self._lock:
-                self._hq[H.promotions] += 1
+            self._engine.add_to_counters({H.promotions: 1})
         return bool(stored)
 
     def _remote_after_put(self, entry: StoredEntry, pieces: Sequence[Any]) -> None:
@@ -168,12 +171,9 @@ class RemoteMixin:
 
     def _count_remote(self, deltas: dict[str, int]) -> None:
         """Add to the remote counters in the header (called by the link, any thread)."""
-        try:
-            with self._lock:
-                for name, delta in deltas.items():
-                    self._hq[_WORDS[name]] += delta
-        except (PoolClosedError, KVCacheError):
-            pass  # closed or damaged meanwhile: a counter is not worth an error
+        # closed or damaged meanwhile: a counter is not worth an error
+        with contextlib.suppress(KVCacheError):
+            self._engine.add_to_counters({_WORDS[name]: delta for name, delta in deltas.items()})
 
 
 def attach(pool: Pool, link: RemoteLink | None, *, top: bool, bottom: bool) -> None:
@@ -183,4 +183,4 @@ def attach(pool: Pool, link: RemoteLink | None, *, top: bool, bottom: bool) -> N
     if top:
         pool._remote = link
     if bottom and not link.spec.write_through:
-        pool._demote_to = link
+        pool.attach_demote_to(link)

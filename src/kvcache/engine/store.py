@@ -1,0 +1,662 @@
+"""``Store``: one segment's engine (the interface a compiled core would implement).
+
+A ``Store`` owns one mapped segment (shared memory or a disk file) and
+everything inside it: the lock, the process table, the entry ``Table`` and the
+``Evictor``. It speaks in encoded keys, value bytes and whole entries; it
+knows nothing of tiers, remotes, access logs or the command line.
+
+The lock covers metadata only. A write of more than ``INLINE_COPY_MAX_BYTES``
+reserves pages and a WRITING entry under the lock, copies without it, and
+publishes under it; a read of such a value records the entry's generation
+under the lock, copies without it, and accepts the copy only if the
+generation is unchanged (a seqlock), retrying otherwise. Smaller values are
+copied under the lock, which is cheaper than locking twice.
+
+The interface, each call taking the lock itself:
+
+- values: ``write`` (reserve, fill, publish), ``read`` (look up and copy
+  out), ``delete``, ``contains``;
+- whole entries (snapshots and tiers): ``live_entries``, ``locate``,
+  ``read_entry``, ``confirm``, ``write_entry``, ``remove_entry``,
+  ``set_clock``;
+- upkeep: ``evict``, ``check``, ``repair``, ``close``, ``flush``
+  (``kvcache.engine.upkeep`` has the listings and reports over it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
+
+import numpy as np
+
+from .. import durable, recovery, segment, transfer
+from ..allocator import PageAllocator
+from ..config import PoolConfig
+from ..counters import M, MetricsRegion
+from ..errors import (
+    DAMAGE_SIGNS,
+    REPAIR_ADVICE,
+    CorruptPoolError,
+    DamagedValueError,
+    InvalidArgument,
+    KVCacheError,
+    OutOfSharedMemoryError,
+    PoolFullError,
+    ValueTooLargeError,
+    raise_as_damage,
+    reports_damage,
+)
+from ..keys import Key, encode_key, key_hash
+from ..layout import ENTRY_WORDS, E, Geometry, H, Views
+from ..lock import ClosedLock, PoolLock, closed_error, file_lock_only
+from ..procs import ProcessTable
+from ..stored import EntryRef, StoredEntry
+from .eviction import Evictor, Growth
+from .table import History, Summed, Table
+
+INLINE_COPY_MAX_BYTES = 64 << 10
+"""Copies up to 64 KiB happen under the lock: a 64 KiB memcpy (~5 us) costs
+less than the second lock round trip the seqlock path needs."""
+READ_ATTEMPTS = 4
+"""A large read overtaken by concurrent eviction this many times is a miss."""
+
+Copied = TypeVar("Copied")
+Fill = Callable[[list[memoryview]], "int | None"]
+"""Writes an entry's bytes into the views given; returns their checksum, or None to refuse."""
+
+
+class Store:
+    """One segment's entries: the single-segment engine under a ``Pool``.
+
+    Args:
+        seg: the mapped segment.
+        config: the pool's configuration, as its header records it.
+        geometry: where each region lies in the segment.
+        verify_reads: sum every value read against its checksum (always, on disk).
+        observe: read only, holding no process slot.
+        clock: wall-clock seconds (expiry); tests inject their own.
+        rng: the eviction sampler's random source.
+    """
+
+    spill: Callable[[int], None] | None = None
+    """Called with a number of pages before a write reserves them, so that a chain can move
+    victims elsewhere before this store evicts; None for a store alone."""
+
+    def __init__(
+        self,
+        seg: segment.Segment,
+        config: PoolConfig,
+        geometry: Geometry,
+        *,
+        verify_reads: bool,
+        observe: bool,
+        clock: Callable[[], float],
+        rng: np.random.Generator,
+    ) -> None:
+        self.name = seg.name
+        self.config = config
+        self.segment = seg
+        self.on_disk = seg.on_disk
+        self.observing = observe
+        self.verify_reads = verify_reads or seg.on_disk  # see kvcache.durable
+        self.clock = clock
+        views = self.views = Views(seg.buffer, geometry)
+        data_offset = geometry.data_offset
+        allocator = PageAllocator(
+            views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
+        )
+        table = self.table = Table(seg.name, config, views, seg, allocator, clock)
+        self.lock = PoolLock(seg.fd, views.header_q, self.repair, self.name)
+        self.procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
+        self.evictor = Evictor(table, self.procs, rng)
+        table.make_room = self.evictor.make_room
+        self.metrics = MetricsRegion(views.metrics, self.lock)
+        # Value bytes this process wrote and read, kept back (changed under the lock) until
+        # a latency sample, a report or close adds them (kvcache.counters).
+        self.bytes_in = self.bytes_out = 0
+        self.slot, self.serial = -1, 0  # an observer holds none
+        # The hot path's parts, bound once (an attribute lookup each, not two).
+        self._hq, self._eq = views.header_q, views.entries_q
+        self._lookup, self._value_views, self._summed = (
+            table.lookup,
+            table.value_views,
+            table.summed,
+        )
+        self._reserve, self._publish = table.reserve, table.publish
+        self._entry_slices, self._free_entry = table.entry_slices, table.free_entry
+        self._drop_damaged = table.drop_damaged
+        self._page_size = geometry.page_size_bytes
+        self.max_bytes = geometry.num_pages * geometry.page_size_bytes
+        """The most bytes (key and value together) one entry may take."""
+        try:
+            if observe:
+                with self.lock:  # a file retired meanwhile raises here: open looks again
+                    pass
+            else:
+                self._attach(geometry)
+        except BaseException:
+            self.lock.close()
+            raise
+
+    def _attach(self, geometry: Geometry) -> None:
+        """Claim a process slot and, under the lock, check the pool as a new handle must."""
+        self.slot, self.serial = self.procs.claim(self.lock.fd)
+        self.table.owner = (self.slot, self.serial)
+        with self.lock:
+            if self.on_disk:
+                durable.on_open(
+                    self.segment,
+                    self._hq,
+                    self.procs,
+                    self.slot,
+                    self.lock.fd,
+                    geometry,
+                    self.repair,
+                )
+            self.evictor.reclaim_dead_writers()
+
+    # ------------------------------------------------------------------ values
+
+    def read(
+        self,
+        key: Key,
+        copy: Callable[[bytes, transfer.Payload], Copied],
+        *,
+        count: bool = True,
+    ) -> Copied | None:
+        """Look ``key`` up and ``copy`` its (codec header, payload views) out; None on a miss.
+
+        ``count``: count the lookup in stats (a hit or a miss).
+
+        Small values are copied under the lock. Larger ones are copied without
+        it and kept only if the entry's generation did not change meanwhile
+        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. With
+        ``verify_reads`` the entry's bytes are summed too (outside the lock for
+        large values): a mismatch drops the entry and is a miss. A disk pool
+        reads large values from its file (``transfer.Payload``), small ones
+        through the mapping, asking for their pages in one go.
+        """
+        try:
+            key_bytes, _ = encode_key(key)
+            on_disk = self.on_disk
+            if on_disk:
+                self.segment.shed()
+            for _ in range(READ_ATTEMPTS):
+                with self.lock:
+                    eid = self._lookup(key_bytes, count=count, read_ahead=on_disk)
+                    if eid < 0:
+                        return None
+                    value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
+                    self.bytes_out += value_len if count else 0
+                    inline = value_len <= INLINE_COPY_MAX_BYTES
+                    header, payload, generation = self._value_views(eid, from_file=not inline)
+                    checked = self._summed(eid, payload=False) if self.verify_reads else None
+                    if on_disk:
+                        # Even a value read from the file maps the pages of its key (in
+                        # folios of up to a value's size, measured): counted the same.
+                        self.segment.touched(value_len)
+                    if inline:
+                        if checked is None:
+                            return copy(header, payload)
+                        copied = _copy_verified(copy, header, payload, checked)
+                        if copied is None:
+                            self._drop_damaged(eid)
+                        return copied
+                if checked is None:
+                    copied, intact = copy(header, payload), True
+                else:
+                    copied = _copy_verified(copy, header, payload, checked)
+                    intact = copied is not None
+                with self.lock:
+                    if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                        if intact:
+                            return copied
+                        self._drop_damaged(eid)
+                        return None
+                count = False  # the read is counted once, however often it is tried
+            return None
+        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
+            raise_as_damage(self.name, exc)
+
+    def write(
+        self,
+        key_bytes: bytes,
+        flags: int,
+        header_len: int,
+        value_len: int,
+        priority: int,
+        expires_at: float,
+        fill: Fill,
+        *,
+        history: History | None = None,
+        under_lock: bool = False,
+        replace: bool = True,
+        evict_within_reserved: bool = True,
+        parent: bytes | None = None,
+    ) -> bool:
+        """Reserve an entry, let ``fill`` write its bytes, then publish it; False if fill refused
+        (or the table declined it: a prefix chunk without its parent, or ``replace`` False).
+
+        With ``under_lock`` (small values) it all happens in one lock hold.
+        Otherwise the entry waits in state WRITING, invisible to readers and
+        safe from eviction, while ``fill`` copies without the lock.
+        ``history`` restores a snapshot entry's policy metadata; without
+        ``replace`` an entry of the same key that appeared meanwhile stays (and
+        this one is dropped); ``evict_within_reserved`` is ``Table.reserve``'s.
+        """
+        try:
+            num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
+            if self.on_disk:  # a test, not two calls, on the RAM pools' hot path
+                self.segment.touched(num_pages * self._page_size)
+                self.segment.shed()
+            if self.spill is not None:
+                self.spill(num_pages)
+            if self.slot < 0:
+                self._refuse_writes()
+            with self.lock:
+                eid = self._reserve(
+                    flags,
+                    key_bytes,
+                    header_len,
+                    value_len,
+                    num_pages,
+                    priority,
+                    expires_at,
+                    evict_within_reserved,
+                    fresh=history is None,
+                    parent=parent,
+                )
+                if eid < 0:
+                    return False
+                generation = self._eq[eid * ENTRY_WORDS + E.generation]
+                targets = self._entry_slices(eid)
+                if under_lock:
+                    try:
+                        checksum = fill(targets)
+                    except BaseException:
+                        self._free_entry(eid)
+                        raise
+                    return self._finish(eid, checksum, history, replace, parent)
+            try:
+                checksum = fill(targets)
+            except BaseException:
+                with self.lock:
+                    if self._eq[eid * ENTRY_WORDS + E.generation] == generation:
+                        self._free_entry(eid)
+                raise
+            with self.lock:
+                if self._eq[eid * ENTRY_WORDS + E.generation] != generation:
+                    raise CorruptPoolError(
+                        f"an entry of pool '{self.name}' was reclaimed while this live process "
+                        f"wrote it: {REPAIR_ADVICE}"
+                    )
+                return self._finish(eid, checksum, history, replace, parent)
+        except (PoolFullError, OutOfSharedMemoryError):
+            self.count_error()
+            raise
+        except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
+            raise_as_damage(self.name, exc)
+
+    def _finish(
+        self,
+        eid: int,
+        checksum: int | None,
+        history: History | None,
+        replace: bool,
+        parent: bytes | None,
+    ) -> bool:
+        if checksum is None:
+            self._free_entry(eid)
+            return False
+        self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
+        if not self._publish(eid, history, replace=replace, parent=parent):
+            return False
+        self.bytes_in += self._eq[eid * ENTRY_WORDS + E.value_len]
+        return True
+
+    def _refuse_writes(self) -> None:
+        """Why this handle may read but not write: an observer, or a fork without a slot."""
+        if self.observing:
+            raise InvalidArgument(
+                f"pool '{self.name}' was opened to observe, which may read but not store: "
+                f"kvcache.open('{self.name}') without observe=True to store into it"
+            )
+        raise PoolFullError(
+            f"this process was forked while all {self.config.max_processes} process slots "
+            f"of pool '{self.name}' were taken, so it may read but not write: "
+            f"kvcache.open('{self.name}') again once others have closed it"
+        )
+
+    def refuse_too_large(self, num_bytes: int) -> None:
+        """Raise ``ValueTooLargeError`` if an entry of ``num_bytes`` could never fit."""
+        if num_bytes > self.max_bytes:
+            raise ValueTooLargeError(
+                f"key and value need {num_bytes} bytes but pool '{self.name}' holds "
+                f"{self.config.size_bytes}: store smaller chunks or create a larger pool"
+            )
+
+    @reports_damage
+    def delete(self, key_bytes: bytes) -> bool:
+        """Remove the entry of ``key_bytes``; whether there was one."""
+        with self.lock:
+            eid = self.table.find(key_bytes)
+            if eid >= 0:
+                self.table.remove(eid)
+        return eid >= 0
+
+    @reports_damage
+    def contains(self, key_bytes: bytes) -> bool:
+        """Whether ``key_bytes`` has a live, unexpired entry (no effect on stats or recency)."""
+        with self.lock:
+            eid = self.table.find(key_bytes)
+            return (
+                eid >= 0 and self.views.entries_d[eid * ENTRY_WORDS + E.expires_at] > self.clock()
+            )
+
+    def has_room(self, num_pages: int) -> bool:
+        """Whether ``num_pages`` pages and an entry slot are free now (read without the lock:
+        a hint, such as whether moving entries elsewhere is worth the lock)."""
+        table = self.table
+        return table.allocator.num_available() >= num_pages and table.entries.has_free_slot()
+
+    def victims_to_move(self, num_pages: int) -> list[EntryRef]:
+        """The entries the policy would evict for ``num_pages`` pages and a slot, to move
+        elsewhere (a chain's spill) rather than drop; none is removed here."""
+        with self.lock:
+            chosen = self.evictor.choose_to_move(num_pages)
+        return [EntryRef(eid, generation) for eid, generation in chosen]
+
+    # ------------------------------------------------------------ whole entries
+
+    @reports_damage
+    def live_entries(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """The logical clock, and the ids and record copies (``layout.ENTRY_DTYPE``) of
+        the live, unexpired entries; ``EntryRef(id, record["generation"])`` names one."""
+        with self.lock:
+            ids, records = self.table.live_records()
+            return self._hq[H.clock], ids, records
+
+    @reports_damage
+    def read_entry(self, ref: EntryRef) -> tuple[StoredEntry, list[memoryview]] | None:
+        """The metadata of entry ``ref`` and views of its bytes (key | value header |
+        payload), or None if it is no longer that READY entry.
+
+        The views are read without the lock: whatever was copied from them counts
+        only if :meth:`confirm` says so afterwards.
+        """
+        with self.lock:
+            if not self.table.is_ready(*ref):
+                return None
+            checksum = transfer.from_word(self._eq[ref.eid * ENTRY_WORDS + E.checksum])
+            record = self.views.entries[ref.eid]
+            entry = StoredEntry.from_record(bytes(self.table.key_view(ref.eid)), record, checksum)
+            return entry, self._entry_slices(ref.eid)
+
+    @reports_damage
+    def read_ahead(self, keys: Sequence[Key]) -> None:
+        """Ask the disk for the entries of ``keys`` all at once (nothing for a store in RAM)."""
+        if not self.on_disk:
+            return
+        hashes = [key_hash(encode_key(key)[0]) for key in keys]
+        with self.lock:
+            found = [self.table.index.find(lo, hi) for lo, hi in hashes]
+            spans = [span for eid in found if eid >= 0 for span in self.table.file_spans(eid)]
+        for offset, length in spans:  # each asks the disk: outside the lock
+            self.segment.will_need(offset, length)
+
+    @reports_damage
+    def locate(self, key: Key) -> EntryRef | None:
+        """The entry under ``key``, looked up as a read does (a hit or a miss in stats)."""
+        key_bytes, _ = encode_key(key)
+        with self.lock:
+            eid = self._lookup(key_bytes, count=True, read_ahead=self.on_disk)
+            if eid < 0:
+                return None
+            base = eid * ENTRY_WORDS
+            self.bytes_out += self._eq[base + E.value_len]  # kept back, as a read's
+            return EntryRef(eid, self._eq[base + E.generation])
+
+    @reports_damage
+    def remove_entry(self, ref: EntryRef, *, count_as: int = -1) -> bool:
+        """Remove entry ``ref`` if it is still that entry; whether it was.
+
+        ``count_as``: a header counter (``layout.H``) to add one to if it was, such as
+        ``H.spills`` for an entry moved down a chain.
+        """
+        with self.lock:
+            if not self.table.is_ready(*ref):
+                return False
+            self.table.remove(ref.eid)
+            if count_as >= 0:
+                self._hq[count_as] += 1
+            return True
+
+    @reports_damage
+    def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
+        """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s.
+
+        False if the entry changed meanwhile; with ``verify_reads``, also if its
+        bytes fail their checksum (summed here, without the lock), in which case
+        the damaged entry is dropped and counted.
+        """
+        intact = not self.verify_reads or entry.checksum == transfer.checksum(
+            views, entry.flags, len(entry.key), entry.header_len, entry.value_len
+        )
+        with self.lock:
+            if not self.table.is_ready(*ref):
+                return False
+            if not intact:
+                self._drop_damaged(ref.eid)
+            return intact
+
+    def write_entry(
+        self,
+        entry: StoredEntry,
+        fill: Fill,
+        *,
+        keep_history: bool = False,
+        replace: bool = True,
+        evict_within_reserved: bool = True,
+    ) -> bool:
+        """Store ``entry``, whose bytes ``fill`` copies into the views it is given.
+
+        ``fill`` runs without the lock and returns the checksum to publish
+        (``entry.checksum`` for an intact copy), or None to refuse the entry.
+        Returns whether the entry was published.
+
+        Args:
+            keep_history: keep ``entry``'s policy history (a restore on the
+                snapshot's clock) rather than starting it afresh.
+            replace: replace an entry of the same key; False leaves one that
+                appeared meanwhile in place (a promotion never overwrites a newer put).
+            evict_within_reserved: see ``Table.reserve``.
+
+        Raises:
+            ValueTooLargeError: the entry is larger than the whole pool.
+        """
+        self.refuse_too_large(entry.num_bytes)
+        return self.write(
+            entry.key,
+            entry.flags,
+            entry.header_len,
+            entry.value_len,
+            entry.priority,
+            entry.expires_at,
+            fill,
+            history=(entry.created, entry.last_access, entry.freq) if keep_history else None,
+            replace=replace,
+            evict_within_reserved=evict_within_reserved,
+        )
+
+    @reports_damage
+    def set_clock(self, clock: int) -> None:
+        """Set the logical clock (a restore puts back the snapshot's)."""
+        with self.lock:
+            self._hq[H.clock] = clock
+
+    # ----------------------------------------------------------------- counters
+
+    def add_sample(self, op: int, ns: int) -> None:
+        """Record a latency sample (``counters.Latency``'s sink) with the kept-back bytes."""
+        try:  # not contextlib.suppress: a third of the cost of the lock hold itself
+            with self.lock:
+                self.metrics.add(self.bytes_in, self.bytes_out, op, ns)
+                self.bytes_in = self.bytes_out = 0
+        except KVCacheError:
+            pass  # closed or destroyed meanwhile: the call itself succeeded, its sample goes
+
+    def add_kept_back(self) -> None:
+        """Add this process's kept-back value bytes to the region; call under the lock."""
+        self.metrics.add(self.bytes_in, self.bytes_out)
+        self.bytes_in = self.bytes_out = 0
+
+    def count_error(self) -> None:
+        """Count a failure served around (``errors``); never raises."""
+        # closed, destroyed or damaged meanwhile: the caller's own error says more
+        with contextlib.suppress(KVCacheError), self.lock:
+            self.metrics.q[M.errors] += 1
+
+    def add_to_counters(self, deltas: dict[int, int]) -> None:
+        """Add to header counters (``layout.H`` word: amount), such as ``H.promotions``."""
+        with self.lock:
+            for word, delta in deltas.items():
+                self._hq[word] += delta
+
+    def read_counters(self, words: dict[str, int]) -> dict[str, int]:
+        """The header counters ``words`` names (name: ``layout.H`` word), read under the lock."""
+        with self.lock:
+            return {name: int(self._hq[word]) for name, word in words.items()}
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Give up the process slot and the mapping; the store is unusable after.
+
+        The last handle of a disk pool flushes it and marks it clean first.
+        """
+        try:
+            if self.on_disk and not self.observing:
+                self._close_cleanly()
+            with self.lock.closing() as lock_fd:
+                if self.bytes_in or self.bytes_out:
+                    # after closing began, so that threads waiting for the lock are refused
+                    # while this waits for another process's hold, as they were before
+                    with file_lock_only(lock_fd):
+                        self.add_kept_back()
+                if self.slot >= 0:
+                    self.procs.leave(lock_fd, self.slot)
+        finally:
+            self.lock = ClosedLock(self.name)  # type: ignore[assignment]
+            # Every part holds views of the mapping, which cannot be unmapped while one
+            # is left; a closed stand-in makes any later use a PoolClosedError.
+            closed = _Closed(self.name)
+            for part in _PARTS:
+                setattr(self, part, closed)
+            self.views.release()
+            self.segment.close()
+
+    def _close_cleanly(self) -> None:
+        """The last handle of a disk pool flushes it and marks it clean (``kvcache.durable``)."""
+        try:
+            if self.procs.others_live(self.slot):
+                return
+            self.segment.flush()  # the bulk of it without the lock
+            with self.lock:
+                marked = durable.on_close(self.segment, self._hq, self.procs, self.slot)
+            if marked:
+                self.segment.flush_header()
+        except (KVCacheError, OSError):
+            pass  # destroyed, replaced, damaged or a failed write: unclean, the next open repairs
+
+    def after_fork(self) -> None:
+        """In a forked child: own a lock description and a process slot of its own.
+
+        The inherited description is the parent's: through it the child would
+        share the parent's flock (no exclusion between the two) and its slot's
+        lease (the parent's entries would look alive while the child runs).
+        """
+        self.lock.reopen_after_fork()
+        self.bytes_in = self.bytes_out = 0  # what the parent kept back is the parent's
+        if self.observing:
+            return
+        try:
+            self.slot, self.serial = self.procs.claim(self.lock.fd)
+        except PoolFullError:
+            self.slot = -1  # reads still work; write refuses with the reason
+        self.table.owner = (self.slot, self.serial)
+
+    @property
+    def mode(self) -> int:
+        """The segment file's permission bits."""
+        return stat.S_IMODE(os.fstat(self.segment.fd).st_mode)
+
+    def recovery_parts(self) -> recovery.Parts:
+        """What ``kvcache.recovery`` inspects and rebuilds."""
+        t = self.table
+        return recovery.Parts(self.views, t.allocator, t.entries, t.index, self.procs, self.config)
+
+    def repair(self) -> None:
+        """Rebuild the metadata from the entries (after a crash, or ``check(repair=True)``)."""
+        recovery.rebuild(self.recovery_parts())
+        self.metrics.repair()
+        self._hq[H.repairs] += 1
+
+
+_PARTS = (
+    "table",
+    "evictor",
+    "procs",
+    "metrics",
+    "_hq",
+    "_eq",
+    "_lookup",
+    "_value_views",
+    "_summed",
+    "_reserve",
+    "_publish",
+    "_entry_slices",
+    "_free_entry",
+    "_drop_damaged",
+)
+"""What ``Store.close`` lets go of: everything that holds a view of the mapping."""
+
+
+class _Closed:
+    """Stands in for the parts of a closed store: any use raises ``PoolClosedError``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> NoReturn:
+        raise closed_error(self._name)
+
+    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
+        raise closed_error(self._name)
+
+    def __getitem__(self, index: object) -> NoReturn:
+        raise closed_error(self._name)
+
+
+def _copy_verified(
+    copy: Callable[[bytes, transfer.Payload], Copied],
+    header: bytes,
+    payload: transfer.Payload,
+    checked: Summed,
+) -> Copied | None:
+    """``copy`` the value out; None if ``checked`` finds its bytes damaged.
+
+    A verified pool (``verify_reads``, every disk pool) treats a codec header
+    that cannot be decoded as damage too, found before the sum could be: a
+    miss, never an error (a disk pool copied while writers ran has such
+    headers in pages whose writes never landed). Damage beyond the value (a
+    truncated file) is still the pool's ``CorruptPoolError``.
+    """
+    try:
+        copied = copy(header, payload)
+    except DamagedValueError:
+        return None
+    return copied if checked.intact(payload.landed) else None

@@ -1,0 +1,445 @@
+"""The entry table's operations, each run by a caller that holds the segment's lock.
+
+``Table`` finds, reserves, publishes and removes entries: it keeps the index,
+the live list, the page allocator, the policy's queues, sketch and prefix tree
+in step with the entry table. It takes no lock and copies no value: ``Store``
+takes the lock around each step and copies between them; ``Evictor`` picks
+what ``remove`` frees.
+
+An entry moves through three states::
+
+    FREE --reserve--> WRITING --publish--> READY --remove--> FREE
+                         \\------free_entry------/ (a refused or failed fill)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import NamedTuple, cast
+
+import numpy as np
+
+from .. import segment, transfer
+from ..allocator import PageAllocator, Run
+from ..config import MAX_KEY_BYTES, PoolConfig
+from ..entries import EntryTable
+from ..errors import OutOfSharedMemoryError, PoolFullError, damaged
+from ..index import HashIndex
+from ..keys import Key, key_hash
+from ..layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, H, Views
+from ..policies import Policy, QueuePolicy, get_policy
+from ..queues import MAIN, PROBATION, Queues
+from ..sketch import FrequencySketch
+from ..tree import ChunkTree
+
+History = tuple[int, int, float]
+"""An entry's policy metadata: (created, last access) on the logical clock, and frequency."""
+RECALL_AT_ADMIT = -2
+"""A WRITING entry's ``reads`` word (see ``reserve``): a new key whose ghost the policy
+looks up only once it is stored, after the evictions that made room (S3-FIFO's order:
+such an eviction may push the key's own ghost out)."""
+
+
+class Summed(NamedTuple):
+    """What an entry's checksum covers, read under the lock, and the sum it was published with."""
+
+    views: list[memoryview]  # key | value header | payload, or key | value header
+    fields: tuple[int, int, int, int]  # flags, key_len, header_len, value_len
+    checksum_word: int
+
+    def computed(self, payload: list[memoryview] | tuple[memoryview, ...] = ()) -> int:
+        """The checksum of what is there now (``payload``: the value's bytes, if not in views)."""
+        return transfer.checksum([*self.views, *payload], *self.fields)
+
+    def intact(self, payload: list[memoryview] | tuple[memoryview, ...] = ()) -> bool:
+        return self.computed(payload) == transfer.from_word(self.checksum_word)
+
+
+MakeRoom = Callable[..., bool]
+"""``Evictor.make_room``: evict until a number of pages and a slot are free."""
+
+
+class Table:
+    """One segment's entries: lookups, the WRITING/READY life of an entry, and removal.
+
+    Every method expects the caller to hold the segment's lock.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: PoolConfig,
+        views: Views,
+        seg: segment.Segment,
+        allocator: PageAllocator,
+        clock: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.views = views
+        self.hq, self.hd = views.header_q, views.header_d
+        self.eq, self.ed = views.entries_q, views.entries_d
+        self.data = views.data
+        self.page_size = views.geometry.page_size_bytes
+        self.num_pages = views.geometry.num_pages
+        self.data_offset = views.geometry.data_offset
+        self.segment = seg
+        self.allocator = allocator
+        self.entries = EntryTable(views)
+        self.index = HashIndex(views)
+        self.clock = clock
+        policy: Policy = get_policy(config.policy)
+        self.policy = policy
+        self.tree = ChunkTree(views) if policy.tracks_prefixes else None
+        # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
+        self.sketch = FrequencySketch(views) if policy.uses_sketch else None
+        self.queues = Queues(views) if policy.uses_queues else None
+        self.stored_key = self._key_from_file if seg.on_disk else self.key_view
+        self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
+        self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
+
+    # ---------------------------------------------------------------- lookups
+
+    def find(self, key_bytes: bytes, *, read_ahead: bool = False) -> int:
+        """The READY entry holding exactly ``key_bytes``, or -1.
+
+        ``read_ahead`` (a disk pool's get): ask for the entry's pages before its
+        key is compared, so the key and the value arrive in one read.
+        """
+        eid = self.index.find(*key_hash(key_bytes))
+        if eid < 0:
+            return -1
+        if read_ahead:
+            for offset, length in self.file_spans(eid):
+                self.segment.will_need(offset, length)
+        if self.stored_key(eid) != key_bytes:
+            return -1  # a 128-bit hash collision: treat as absent
+        return eid
+
+    def is_ready(self, eid: int, generation: int) -> bool:
+        """Whether ``eid`` is still the READY entry it was when ``generation`` was read."""
+        base = eid * ENTRY_WORDS
+        return self.eq[base + E.generation] == generation and self.eq[base + E.state] == READY
+
+    def key_of(self, eid: int) -> Key:
+        """The key of entry ``eid`` as it was given (for listings: checked, unlike lookups)."""
+        base = eid * ENTRY_WORDS
+        if not 0 <= self.eq[base + E.first_page] < self.num_pages:
+            raise damaged(self.name, f"entry {eid}'s first page is outside the pool")
+        key = bytes(self.key_view(eid))
+        if not 0 < len(key) == self.eq[base + E.key_len]:
+            raise damaged(self.name, f"entry {eid}'s key length is out of range")
+        return key.decode("utf-8") if self.eq[base + E.flags] & KEY_IS_STR else key
+
+    def key_view(self, eid: int) -> memoryview:
+        base = eid * ENTRY_WORDS
+        start = self.eq[base + E.first_page] * self.page_size
+        return self.data[start : start + self.eq[base + E.key_len]]
+
+    def _key_from_file(self, eid: int) -> bytes:
+        """A disk pool's ``key_view``, read with ``pread``: a fault on a cold page of the
+        mapping reads far more around it, under the lock (a cold 1 MiB get took 5.0 ms
+        instead of 1.2; see docs/tiers.md, "Disk pools")."""
+        base = eid * ENTRY_WORDS
+        first, key_len = self.eq[base + E.first_page], self.eq[base + E.key_len]
+        if not (0 <= first < self.num_pages and 0 < key_len <= MAX_KEY_BYTES):
+            return b""  # damaged: matches no key (as a view past the pool's end would not)
+        return os.pread(self.segment.fd, key_len, self.data_offset + first * self.page_size)
+
+    def lookup(self, key_bytes: bytes, *, count: bool, read_ahead: bool = False) -> int:
+        """``find``, dropping an expired entry, counting a hit or miss and touching on a hit."""
+        eid = self.find(key_bytes, read_ahead=read_ahead)
+        h = self.hq
+        if eid >= 0:
+            base = eid * ENTRY_WORDS
+            expires_at = self.ed[base + E.expires_at]
+            if expires_at != math.inf and expires_at <= self.clock():
+                self.remove(eid)
+                h[H.expirations] += 1
+                eid = -1
+        if not count:
+            return eid
+        if eid < 0:
+            h[H.misses] += 1
+            return -1
+        h[H.hits] += 1
+        clock = h[H.clock] + 1
+        h[H.clock] = clock
+        q, d = self.eq, self.ed
+        if self.sketch is None:
+            idle = clock - q[base + E.last_access]
+            d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
+        else:  # the key's count over the sketch's longer history, this hit included
+            d[base + E.freq] = self.sketch.add(q[base + E.hash_lo], q[base + E.hash_hi])
+        q[base + E.last_access] = clock
+        if self.queues is not None:
+            cast(QueuePolicy, self.policy).hit(self.queues, eid)
+        d[base + E.accessed_at] = self.clock()
+        return eid
+
+    def live_records(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and record copies of the live, unexpired entries."""
+        ids = self.entries.live_ids()
+        records = self.views.entries[ids]
+        alive = records["expires_at"] > self.clock()
+        return ids[alive], records[alive]
+
+    # ---------------------------------------------------------- an entry's bytes
+
+    def value_views(
+        self, eid: int, *, from_file: bool = False
+    ) -> tuple[bytes, transfer.Payload, int]:
+        """The value's codec header, its payload and its generation.
+
+        ``from_file``: a disk pool's payload is read from its file, not the mapping.
+        """
+        q, base = self.eq, eid * ENTRY_WORDS
+        key_len, header_len, value_len = (
+            q[base + E.key_len],
+            q[base + E.header_len],
+            q[base + E.value_len],
+        )
+        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
+        spans = transfer.spans(self.page_size, runs, key_len + header_len, value_len)
+        views = [self.data[offset : offset + n] for offset, n in spans]
+        if not (from_file and self.segment.on_disk):
+            return header, transfer.Payload(views), q[base + E.generation]
+        in_file = [(self.data_offset + offset, n) for offset, n in spans]
+        return header, transfer.Payload(views, self.segment.fd, in_file), q[base + E.generation]
+
+    def file_spans(self, eid: int) -> list[tuple[int, int]]:
+        """(offset, length) in the pool's file of each run of entry ``eid``'s pages."""
+        q, base, page = self.eq, eid * ENTRY_WORDS, self.page_size
+        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        return [(self.data_offset + first * page, count * page) for first, count in runs]
+
+    def summed(self, eid: int, *, payload: bool = True) -> Summed:
+        """The entry's checksum and what it covers (``payload``: the value's bytes too)."""
+        q, base = self.eq, eid * ENTRY_WORDS
+        fields = (
+            q[base + E.flags],
+            q[base + E.key_len],
+            q[base + E.header_len],
+            q[base + E.value_len],
+        )
+        return Summed(self.entry_slices(eid, payload=payload), fields, q[base + E.checksum])
+
+    def entry_slices(self, eid: int, *, payload: bool = True) -> list[memoryview]:
+        """Views of an entry's bytes (key | value header | payload; without ``payload``: key |
+        value header)."""
+        q, base = self.eq, eid * ENTRY_WORDS
+        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
+        total = q[base + E.key_len] + q[base + E.header_len] + (q[base + E.value_len] * payload)
+        return self._slices(runs, 0, total)
+
+    def _slices(self, runs: list[Run], start: int, length: int) -> list[memoryview]:
+        return transfer.slices(self.data, self.page_size, runs, start, length)
+
+    # ------------------------------------------------------- reserve and publish
+
+    def reserve(
+        self,
+        flags: int,
+        key_bytes: bytes,
+        header_len: int,
+        value_len: int,
+        num_pages: int,
+        priority: int,
+        expires_at: float,
+        evict_within_reserved: bool,
+        *,
+        fresh: bool = True,
+        parent: bytes | None = None,
+    ) -> int:
+        """Make room, then take pages and an entry slot in state WRITING; return its id, or
+        -1 if a prefix-tracking pool declines the put (before evicting anything for it).
+
+        Args:
+            evict_within_reserved: if the pool cannot grow, evict to fit the
+                pages it has rather than fail with ``OutOfSharedMemoryError``.
+            fresh: a put, not a restore or promotion: where the policy keeps a
+                frequency sketch, it counts the key, and a new key that makes
+                the pool evict is admitted only if the policy says so (TinyLFU).
+            parent: a chunk's parent key; a chunk whose parent is not here is
+                declined, as ``publish`` would decline it.
+        """
+        lo, hi = key_hash(key_bytes)
+        if parent is not None and self.find(parent) < 0:
+            if self.sketch is not None and fresh:
+                self.sketch.add(lo, hi)  # asked for all the same
+            return -1
+        count = 1.0
+        candidate = None
+        recalled = -1
+        if self.queues is not None and fresh and self.index.find(lo, hi) < 0:
+            if cast(QueuePolicy, self.policy).recalls_before_evicting:
+                recalled = self._recall(self.queues, lo)
+            else:
+                recalled = RECALL_AT_ADMIT
+        if self.sketch is not None and fresh:
+            count = candidate = float(self.sketch.add(lo, hi))
+            if self.index.find(lo, hi) >= 0:
+                candidate = None  # stored again: it was admitted before
+        try:
+            if not self.make_room(num_pages, candidate=candidate, recalled=recalled):
+                return -1
+        except PoolFullError:
+            if (self.views.entries["state"] == WRITING).any():
+                raise
+            # Nothing left to evict and no one writing: the free counts are wrong.
+            raise damaged(self.name, "no room, yet no entry is left to evict") from None
+        try:
+            first, last = self.allocator.allocate(num_pages)
+        except OutOfSharedMemoryError:
+            # The machine will not back more pages (a full /dev/shm, or the memory
+            # check): fit the put into the pages the pool has, by evicting. Not for a
+            # restore, whose report would overcount, nor for a value that cannot fit
+            # them, for which evicting everything would be in vain.
+            if not evict_within_reserved or num_pages > self.allocator.num_reserved():
+                raise
+            self.make_room(num_pages, within_reserved=True)
+            first, last = self.allocator.allocate(num_pages)
+        eid = self.entries.claim()
+        q, d, base = self.eq, self.ed, eid * ENTRY_WORDS
+        q[base + E.flags] = flags
+        q[base + E.hash_lo] = lo
+        q[base + E.hash_hi] = hi
+        q[base + E.key_len] = len(key_bytes)
+        q[base + E.header_len] = header_len
+        q[base + E.value_len] = value_len
+        q[base + E.first_page] = first
+        q[base + E.last_page] = last
+        q[base + E.num_pages] = num_pages
+        q[base + E.priority] = priority
+        q[base + E.probation] = q[base + E.queue_prev] = q[base + E.queue_next] = 0
+        q[base + E.reads] = recalled  # until published (see _admit)
+        d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
+        d[base + E.expires_at] = expires_at
+        q[base + E.owner_slot], q[base + E.owner_serial] = self.owner
+        q[base + E.state] = WRITING
+        return eid
+
+    def publish(
+        self,
+        eid: int,
+        history: History | None = None,
+        *,
+        replace: bool = True,
+        parent: bytes | None = None,
+    ) -> bool:
+        """Make a WRITING entry READY, replacing an older entry with the same key; whether it
+        was published (without ``replace``, an older entry stays and this one is freed;
+        with a ``parent`` key that is not here, in a prefix-tracking pool, it is freed too).
+
+        ``history`` (created, last access, frequency) restores an entry's policy
+        metadata from a snapshot; a fresh put starts at the current clock.
+        """
+        q, d, h, base = self.eq, self.ed, self.hq, eid * ENTRY_WORDS
+        lo = q[base + E.hash_lo]
+        old = self.index.find(lo, q[base + E.hash_hi])
+        if old >= 0 and not replace:
+            self.free_entry(eid)
+            return False
+        tree = self.tree
+        if tree is not None and not self._place(tree, eid, old, parent):
+            self.free_entry(eid)
+            return False
+        if self.queues is not None:
+            self._admit(self.queues, eid, old, history)
+        if old >= 0:
+            self.remove(old)
+        clock = h[H.clock] + 1
+        h[H.clock] = clock
+        created, last_access, freq = history or (clock, clock, d[base + E.freq])
+        if history is not None and self.sketch is not None:  # snapshots keep no sketch
+            self.sketch.raise_to(lo, q[base + E.hash_hi], freq)
+        q[base + E.created] = created
+        q[base + E.last_access] = last_access
+        d[base + E.freq] = freq
+        d[base + E.created_at] = d[base + E.accessed_at] = self.clock()
+        q[base + E.state] = READY
+        q[base + E.generation] += 1
+        self.index.insert(eid, lo)
+        self.entries.add_live(eid)
+        h[H.puts] += 1
+        expires_at = d[base + E.expires_at]
+        if expires_at < self.hd[H.next_expiry_at]:
+            self.hd[H.next_expiry_at] = expires_at
+        return True
+
+    def _place(self, tree: ChunkTree, eid: int, old: int, parent_key: bytes | None) -> bool:
+        """Link a new chunk under its parent, taking over ``old``'s children; False if the
+        parent is not here, or is the chunk itself or below it."""
+        parent = -1 if parent_key is None else self.find(parent_key)
+        if parent_key is not None and (parent < 0 or (old >= 0 and tree.is_below(parent, old))):
+            return False
+        tree.link(eid, parent)
+        if old >= 0:
+            tree.adopt(eid, old)
+        return True
+
+    def _admit(self, queues: Queues, eid: int, old: int, history: History | None) -> None:
+        """Queue a new entry by the policy. A key stored again takes the old entry's place
+        and counts as a read of it (a prompt stored again after a gap must not demote the
+        chunks it had cached); a restored entry (``history``) goes to probation if it was
+        never read since its put (its last access is its creation), else to main."""
+        q, base, policy = self.eq, eid * ENTRY_WORDS, cast(QueuePolicy, self.policy)
+        if old >= 0:
+            queues.set_reads(eid, queues.reads(old))
+            queues.lists.take_place(eid, old)
+            policy.hit(queues, eid)
+        elif history is not None:
+            queues.set_reads(eid, 0)
+            queues.lists.push(eid, PROBATION if history[0] == history[1] else MAIN)
+        else:
+            recalled = q[base + E.reads]
+            if recalled == RECALL_AT_ADMIT:
+                recalled = self._recall(queues, q[base + E.hash_lo])
+            policy.admit(queues, eid, recalled)
+
+    def _recall(self, queues: Queues, lo: int) -> int:
+        """Before a key not held is put: forget its ghost and tell the policy; the ghost's
+        kind (``queues.PROBATION`` or ``MAIN``), or -1 if its key was no ghost."""
+        kind = queues.ghosts.remove(lo)
+        cast(QueuePolicy, self.policy).miss(queues, kind)
+        return kind
+
+    # ----------------------------------------------------------------- removal
+
+    def drop_damaged(self, eid: int) -> None:
+        """Remove a READY entry whose bytes no longer match their checksum."""
+        self.remove(eid)
+        self.hq[H.damaged] += 1
+
+    def remove(self, eid: int) -> int:
+        """Unindex a READY entry and free its pages and slot, and in a prefix-tracking pool its
+        descendants' (unreachable without it), leaves first; how many entries went."""
+        tree = self.tree
+        if tree is None:
+            self._unindex(eid)
+            return 1
+        doomed = [*tree.descendants(eid), eid]
+        for each in doomed:
+            tree.unlink(each)
+            self._unindex(each)
+        return len(doomed)
+
+    def _unindex(self, eid: int) -> None:
+        if self.queues is not None:
+            self.queues.lists.unlink(eid)
+        self.index.remove(eid, self.eq[eid * ENTRY_WORDS + E.hash_lo])
+        self.entries.remove_live(eid)
+        self.free_entry(eid)
+
+    def free_entry(self, eid: int) -> None:
+        """Give back a WRITING (or just unindexed) entry's pages and slot."""
+        q, base = self.eq, eid * ENTRY_WORDS
+        self.allocator.free(q[base + E.first_page], q[base + E.last_page], q[base + E.num_pages])
+        self.entries.release(eid)
+
+
+def _no_room(num_pages: int, **_: object) -> bool:
+    raise PoolFullError("no eviction is wired to this table")
