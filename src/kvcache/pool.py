@@ -27,6 +27,7 @@ from typing import TypeVar, overload
 import numpy as np
 
 from . import codec, segment, transfer
+from .accesslog import AccessLog, LogSpec
 from .config import PoolConfig
 from .counters import GET, PUT, Latency, sample_every
 from .engine import INLINE_COPY_MAX_BYTES, Store, upkeep
@@ -43,7 +44,7 @@ from .lock import closed_error
 from .mapping import Default, Value
 from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, EvictionResult, PoolMetrics, PoolStats
-from .settings import AccessLogMixin
+from .settings import FollowedLog
 from .stored import EntryRef, StoredEntry
 from .tiers import TierMixin
 from .units import parse_duration
@@ -55,7 +56,7 @@ Timed = TypeVar("Timed")
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
-class Pool(TierMixin, RemoteMixin, AccessLogMixin):
+class Pool(TierMixin, RemoteMixin):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -114,6 +115,13 @@ class Pool(TierMixin, RemoteMixin, AccessLogMixin):
         self._tracks_prefixes = engine.table.tree is not None
         self._latency = Latency(sample_every(), engine.add_sample)
         self._gets_left = self._puts_left = self._latency.every
+        header_q = engine.views.header_q
+        self._access_log = FollowedLog(
+            seg,
+            self.name,
+            lambda: header_q[H.settings_serial],
+            lambda: engine.add_to_counters({H.settings_serial: 1}),
+        )
         _open_pools.add(self)
 
     def _timed(self, op: int, call: Callable[..., Timed], *args: object, **kw: object) -> Timed:
@@ -150,6 +158,23 @@ class Pool(TierMixin, RemoteMixin, AccessLogMixin):
     def path(self) -> Path:
         """The pool's file."""
         return self._segment.path
+
+    @property
+    def access_log(self) -> AccessLog | None:
+        """The access log this pool writes to now, or None (one header word read per call)."""
+        return self._access_log.current()
+
+    def set_access_log(
+        self, path: str | os.PathLike[str] | None, max_size: str | int | None = None
+    ) -> LogSpec | None:
+        """Start logging this pool's prefix requests to ``path`` (None: stop), for every
+        process that uses it; ``max_size`` caps the log with its rotated file (default 64M).
+
+        Raises:
+            InvalidArgument: a bad size, a file that cannot be written, or a pool of
+                another user (only its owner may set its log).
+        """
+        return self._access_log.switch(path, max_size)
 
     # ----------------------------------------------------------------- writes
 
@@ -437,7 +462,7 @@ class Pool(TierMixin, RemoteMixin, AccessLogMixin):
             self._below.close()
         if self._remote is not None:
             self._remote.close()  # sends what is queued, for a bounded time
-        self._close_access_log()
+        self._access_log.close()
         try:
             self._engine.close()
         finally:

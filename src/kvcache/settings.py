@@ -27,16 +27,17 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .accesslog import MIN_MAX_BYTES, AccessLog, LogSpec, log_spec
 from .errors import InvalidArgument
-from .layout import H
 from .owners import user_name
 from .remote.urls import RemoteSpec
 from .safepath import UnsafePathError, open_given, write_whole
+from .segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -167,51 +168,63 @@ def _decode(raw: bytes) -> PoolSettings:
     return PoolSettings(spec, log_spec)
 
 
-class AccessLogMixin:
-    """``Pool``'s side: switch the log in the settings, and follow what they say."""
+class FollowedLog:
+    """A pool's access log as this process follows it: switched in the settings file,
+    reopened when the header's ``settings_serial`` says the settings changed.
 
-    _engine: Any  # kvcache.engine.Store (not imported: settings sits below the engine's users)
-    _segment: Any
-    name: str
-    _log: AccessLog | None = None
-    _log_serial = -1  # none read yet: the first prefix call reads the settings
+    A collaborator of ``Pool`` (an observer of the prefix calls): it is given the pool's
+    segment and two small callables over its header, and needs nothing else of the pool.
 
-    @property
-    def access_log(self) -> AccessLog | None:
-        """The access log this pool writes to now, or None (one header word read per call)."""
-        serial = int(self._engine.views.header_q[H.settings_serial])
+    Args:
+        seg: the pool's segment (its path finds the settings file, its descriptor the owner).
+        name: the pool's name, for messages.
+        serial: reads the header's ``settings_serial`` word.
+        bump_serial: adds one to it, under the pool's lock.
+    """
+
+    def __init__(
+        self,
+        seg: Segment,
+        name: str,
+        serial: Callable[[], int],
+        bump_serial: Callable[[], None],
+    ) -> None:
+        self._segment = seg
+        self._name = name
+        self._serial = serial
+        self._bump_serial = bump_serial
+        self._log: AccessLog | None = None
+        self._log_serial = -1  # none read yet: the first prefix call reads the settings
+
+    def current(self) -> AccessLog | None:
+        """The access log to write to now, or None (one header word read per call)."""
+        serial = int(self._serial())
         if serial != self._log_serial:
-            spec = read_settings(self._segment.path, self.name).access_log
-            self._close_access_log()
+            spec = read_settings(self._segment.path, self._name).access_log
+            self.close()
             self._log, self._log_serial = (AccessLog(spec) if spec else None), serial
         return self._log
 
-    def set_access_log(
+    def switch(
         self, path: str | os.PathLike[str] | None, max_size: str | int | None = None
     ) -> LogSpec | None:
-        """Start logging this pool's prefix requests to ``path`` (None: stop), for every
-        process that uses it; ``max_size`` caps the log with its rotated file (default 64M).
-
-        Raises:
-            InvalidArgument: a bad size, a file that cannot be written, or a pool of
-                another user (only its owner may set its log).
-        """
+        """``Pool.set_access_log``: write the new log (or none) into the settings file."""
         info = os.fstat(self._segment.fd)
         if info.st_uid != os.geteuid():
             raise InvalidArgument(
                 f"only the pool's owner ({user_name(info.st_uid)}) may set pool "
-                f"'{self.name}''s access log: its processes follow their owner's settings alone"
+                f"'{self._name}''s access log: its processes follow their owner's settings alone"
             )
         spec = None if path is None else log_spec(path, max_size)
         # The file is replaced whole (two switches at once: one wins whole), outside the pool
         # lock: its fsync must not stall every put and get; only the serial needs the lock.
         pool_path = self._segment.path
-        settings = read_settings(pool_path, self.name)
+        settings = read_settings(pool_path, self._name)
         write_settings(pool_path, dataclasses.replace(settings, access_log=spec), info.st_mode)
-        self._engine.add_to_counters({H.settings_serial: 1})
+        self._bump_serial()
         return spec
 
-    def _close_access_log(self) -> None:
+    def close(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
