@@ -30,7 +30,7 @@ from . import codec, segment, transfer
 from .accesslog import AccessLog, LogSpec
 from .config import PoolConfig
 from .counters import GET, PUT, Latency, sample_every
-from .engine import INLINE_COPY_MAX_BYTES, Store, upkeep
+from .engine import INLINE_COPY_MAX_BYTES, Store, closing, upkeep
 from .engine.store import Fill
 from .engine.upkeep import ENTRY_SORTS
 from .errors import (
@@ -120,7 +120,7 @@ class Pool(TierMixin, RemoteMixin):
             seg,
             self.name,
             lambda: header_q[H.settings_serial],
-            lambda: engine.add_to_counters({H.settings_serial: 1}),
+            lambda: upkeep.add_to_counters(engine, {H.settings_serial: 1}),
         )
         _open_pools.add(self)
 
@@ -464,7 +464,7 @@ class Pool(TierMixin, RemoteMixin):
             self._remote.close()  # sends what is queued, for a bounded time
         self._access_log.close()
         try:
-            self._engine.close()
+            closing.close(self._engine)
         finally:
             self._latency = Latency(0, _discard_sample)  # its record holds the region's views
 
@@ -511,7 +511,7 @@ class Pool(TierMixin, RemoteMixin):
 
     def _after_fork(self) -> None:
         """In a forked child: a lock description and a process slot of its own."""
-        self._engine.after_fork()
+        closing.after_fork(self._engine)
 
     # ------------- whole entries, for snapshots and tiers (see kvcache.stored; take the lock)
 

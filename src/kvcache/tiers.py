@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import transfer
+from .engine import upkeep
 from .errors import (
     KVCacheError,
     OutOfSharedMemoryError,
@@ -237,7 +238,7 @@ class TierMixin(MappingMixin):
 
         if not self.write_entry(entry, fill, replace=False):
             return False
-        self._engine.add_to_counters({H.promotions: 1})
+        upkeep.add_to_counters(self._engine, {H.promotions: 1})
         lower.remove_entry(ref)
         return True
 

@@ -11,6 +11,7 @@ Its parts, each a module read in a sitting, joined in ``store``::
       +-- Evictor (eviction.py)  room for puts: expiry sweeps, dead writers, the
                                  policy's victims
     upkeep.py   explicit eviction, check, listings and counters over a Store
+    closing.py  close (every part swapped for a closed stand-in) and a forked child's slot
 
 Below it: ``segment`` (the mapped file), ``layout`` (the bytes inside), ``lock``,
 ``allocator``, ``index``, ``entries`` and ``policies``. Above it, ``Pool`` holds one

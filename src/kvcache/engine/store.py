@@ -19,8 +19,10 @@ The interface, each call taking the lock itself:
 - whole entries (snapshots and tiers): ``live_entries``, ``locate``,
   ``read_entry``, ``confirm``, ``write_entry``, ``remove_entry``,
   ``set_clock``;
-- upkeep: ``evict``, ``check``, ``repair``, ``close``, ``flush``
-  (``kvcache.engine.upkeep`` has the listings and reports over it).
+- crash repair: ``repair`` (the lock calls it when a holder died mid-change).
+
+``kvcache.engine.upkeep`` has explicit eviction, ``check``, listings and
+counters over a store, and ``kvcache.engine.closing`` its ``close``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -52,7 +54,7 @@ from ..errors import (
 )
 from ..keys import Key, encode_key, key_hash
 from ..layout import ENTRY_WORDS, E, Geometry, H, Views
-from ..lock import ClosedLock, PoolLock, closed_error, file_lock_only
+from ..lock import PoolLock
 from ..procs import ProcessTable
 from ..stored import EntryRef, StoredEntry
 from .eviction import Evictor, Growth
@@ -520,74 +522,7 @@ class Store:
         with contextlib.suppress(KVCacheError), self.lock:
             self.metrics.q[M.errors] += 1
 
-    def add_to_counters(self, deltas: dict[int, int]) -> None:
-        """Add to header counters (``layout.H`` word: amount), such as ``H.promotions``."""
-        with self.lock:
-            for word, delta in deltas.items():
-                self._hq[word] += delta
-
-    def read_counters(self, words: dict[str, int]) -> dict[str, int]:
-        """The header counters ``words`` names (name: ``layout.H`` word), read under the lock."""
-        with self.lock:
-            return {name: int(self._hq[word]) for name, word in words.items()}
-
     # ---------------------------------------------------------------- lifecycle
-
-    def close(self) -> None:
-        """Give up the process slot and the mapping; the store is unusable after.
-
-        The last handle of a disk pool flushes it and marks it clean first.
-        """
-        try:
-            if self.on_disk and not self.observing:
-                self._close_cleanly()
-            with self.lock.closing() as lock_fd:
-                if self.bytes_in or self.bytes_out:
-                    # after closing began, so that threads waiting for the lock are refused
-                    # while this waits for another process's hold, as they were before
-                    with file_lock_only(lock_fd):
-                        self.add_kept_back()
-                if self.slot >= 0:
-                    self.procs.leave(lock_fd, self.slot)
-        finally:
-            self.lock = ClosedLock(self.name)  # type: ignore[assignment]
-            # Every part holds views of the mapping, which cannot be unmapped while one
-            # is left; a closed stand-in makes any later use a PoolClosedError.
-            closed = _Closed(self.name)
-            for part in _PARTS:
-                setattr(self, part, closed)
-            self.views.release()
-            self.segment.close()
-
-    def _close_cleanly(self) -> None:
-        """The last handle of a disk pool flushes it and marks it clean (``kvcache.durable``)."""
-        try:
-            if self.procs.others_live(self.slot):
-                return
-            self.segment.flush()  # the bulk of it without the lock
-            with self.lock:
-                marked = durable.on_close(self.segment, self._hq, self.procs, self.slot)
-            if marked:
-                self.segment.flush_header()
-        except (KVCacheError, OSError):
-            pass  # destroyed, replaced, damaged or a failed write: unclean, the next open repairs
-
-    def after_fork(self) -> None:
-        """In a forked child: own a lock description and a process slot of its own.
-
-        The inherited description is the parent's: through it the child would
-        share the parent's flock (no exclusion between the two) and its slot's
-        lease (the parent's entries would look alive while the child runs).
-        """
-        self.lock.reopen_after_fork()
-        self.bytes_in = self.bytes_out = 0  # what the parent kept back is the parent's
-        if self.observing:
-            return
-        try:
-            self.slot, self.serial = self.procs.claim(self.lock.fd)
-        except PoolFullError:
-            self.slot = -1  # reads still work; write refuses with the reason
-        self.table.owner = (self.slot, self.serial)
 
     @property
     def mode(self) -> int:
@@ -604,41 +539,6 @@ class Store:
         recovery.rebuild(self.recovery_parts())
         self.metrics.repair()
         self._hq[H.repairs] += 1
-
-
-_PARTS = (
-    "table",
-    "evictor",
-    "procs",
-    "metrics",
-    "_hq",
-    "_eq",
-    "_lookup",
-    "_value_views",
-    "_summed",
-    "_reserve",
-    "_publish",
-    "_entry_slices",
-    "_free_entry",
-    "_drop_damaged",
-)
-"""What ``Store.close`` lets go of: everything that holds a view of the mapping."""
-
-
-class _Closed:
-    """Stands in for the parts of a closed store: any use raises ``PoolClosedError``."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> NoReturn:
-        raise closed_error(self._name)
-
-    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
-        raise closed_error(self._name)
-
-    def __getitem__(self, index: object) -> NoReturn:
-        raise closed_error(self._name)
 
 
 def _copy_verified(

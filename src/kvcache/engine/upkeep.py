@@ -236,6 +236,19 @@ def metrics(store: Store, tier: str) -> PoolMetrics:
     return PoolMetrics.from_region(store.name, tier, region)
 
 
+def add_to_counters(store: Store, deltas: dict[int, int]) -> None:
+    """Add to header counters (``layout.H`` word: amount), such as ``H.promotions``."""
+    with store.lock:
+        for word, delta in deltas.items():
+            store.table.hq[word] += delta
+
+
+def read_counters(store: Store, words: dict[str, int]) -> dict[str, int]:
+    """The header counters ``words`` names (name: ``layout.H`` word), read under the lock."""
+    with store.lock:
+        return {name: int(store.table.hq[word]) for name, word in words.items()}
+
+
 def reset_stats(store: Store) -> None:
     """Zero every counter and histogram, for every process."""
     with store.lock:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import transfer
+from ..engine import upkeep
 from ..errors import KVCacheError, OutOfSharedMemoryError, PoolFullError
 from ..keys import Key, encode_key
 from ..layout import REMOTE_COUNTERS, H
@@ -68,7 +69,7 @@ class RemoteMixin:
         if link is None:
             return None
         link.settle()  # this process's counts so far
-        counts = self._engine.read_counters(_WORDS)
+        counts = upkeep.read_counters(self._engine, _WORDS)
         spec = link.spec
         return RemoteStats(
             spec.url, spec.namespace, spec.write_through, not link.is_down, link.problem, **counts
@@ -82,7 +83,7 @@ class RemoteMixin:
             self._remote.settle()
         elif read_settings(self._segment.path, self.name).remote is None:
             return None
-        return self._engine.read_counters(_WORDS)
+        return upkeep.read_counters(self._engine, _WORDS)
 
     def count_present(self, keys: Sequence[Key]) -> int:
         """How many of ``keys``, from the first, are in this pool, its chain or its remote.
@@ -147,7 +148,7 @@ class RemoteMixin:
         except (PoolFullError, OutOfSharedMemoryError):  # ValueTooLargeError is a PoolFullError
             return False
         if stored:
-            self._engine.add_to_counters({H.promotions: 1})
+            upkeep.add_to_counters(self._engine, {H.promotions: 1})
         return bool(stored)
 
     def _remote_after_put(self, entry: StoredEntry, pieces: Sequence[Any]) -> None:
@@ -173,7 +174,9 @@ class RemoteMixin:
         """Add to the remote counters in the header (called by the link, any thread)."""
         # closed or damaged meanwhile: a counter is not worth an error
         with contextlib.suppress(KVCacheError):
-            self._engine.add_to_counters({_WORDS[name]: delta for name, delta in deltas.items()})
+            upkeep.add_to_counters(
+                self._engine, {_WORDS[name]: delta for name, delta in deltas.items()}
+            )
 
 
 def attach(pool: Pool, link: RemoteLink | None, *, top: bool, bottom: bool) -> None:
