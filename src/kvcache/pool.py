@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar, overload
+from typing import TypeVar, cast, overload
 
 import numpy as np
 
@@ -158,6 +158,19 @@ class Pool(TierMixin, RemoteMixin):
     def path(self) -> Path:
         """The pool's file."""
         return self._segment.path
+
+    @property
+    def lower(self) -> Pool | None:
+        """The lower pool, open, or None (no chain, or the lower pool is missing)."""
+        # lifecycle opens every tier below a pool as a Pool
+        return None if self._below is None else cast("Pool | None", self._below.pool)
+
+    def chain(self) -> Iterator[Pool]:
+        """This pool and every open pool below it, top first."""
+        tier: Pool | None = self
+        while tier is not None:
+            yield tier
+            tier = tier.lower
 
     @property
     def access_log(self) -> AccessLog | None:

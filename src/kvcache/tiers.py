@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from . import transfer
 from .engine import upkeep
@@ -44,17 +44,45 @@ from .errors import (
 from .keys import Key
 from .layout import PROMOTE_ON_HIT, H
 from .mapping import _NO_DEFAULT, Default, KeyList, MappingMixin, Value
-from .stored import EntryRef
+from .stored import EntryRef, StoredEntry
 
 if TYPE_CHECKING:
     from .engine import Store
-    from .pool import Pool
 
 T = TypeVar("T")
 REOPEN_INTERVAL_S = 5.0
 """A lower pool that could not be opened (or went away) is looked for again this often."""
 
 log = logging.getLogger(__name__)
+
+
+class Tier(Protocol):
+    """A pool below another in a chain, as the pool above uses it: whole entries out and in
+    (spill, promote), reads through the tiers further down, and the chain-wide mapping
+    calls. ``Pool`` is one; nothing here names the class above."""
+
+    name: str
+
+    def locate(self, key: Key) -> EntryRef | None: ...
+    def read_entry(self, ref: EntryRef) -> tuple[StoredEntry, list[memoryview]] | None: ...
+    def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool: ...
+    def write_entry(
+        self, entry: StoredEntry, fill: Callable[[list[memoryview]], int | None]
+    ) -> bool: ...
+    def remove_entry(self, ref: EntryRef) -> bool: ...
+    def read_chain(self, key: Key, copy: Callable[..., T]) -> T | None: ...
+    def read_further_below(self, key: Key, copy: Callable[..., T]) -> T | None: ...
+    def read_ahead(self, keys: Sequence[Key]) -> None: ...
+    def delete(self, key: Key) -> bool: ...
+    def touch(self, key: Key, ttl: float | str | None = None) -> bool: ...
+    def ttl(self, key: Key) -> float | None: ...
+    def clear(self) -> int: ...
+    def pop(self, key: Key, default: Any) -> Any: ...
+    def popitem(self) -> tuple[Key, Value]: ...
+    def keys(self) -> KeyList[Key]: ...
+    def __contains__(self, key: object) -> bool: ...
+    def __len__(self) -> int: ...
+    def close(self) -> None: ...
 
 
 class Below:
@@ -66,15 +94,15 @@ class Below:
     callers then see a miss, never the error.
     """
 
-    def __init__(self, name: str, opener: Callable[[], Pool]) -> None:
+    def __init__(self, name: str, opener: Callable[[], Tier]) -> None:
         self.name = name
         self._opener = opener
-        self._pool: Pool | None = None
+        self._pool: Tier | None = None
         self._retry_at = 0.0
         self.problem: str | None = None  # why the chain is cut, for status
         self._get()
 
-    def _get(self) -> Pool | None:
+    def _get(self) -> Tier | None:
         if self._pool is None and time.monotonic() >= self._retry_at:
             try:
                 self._pool = self._opener()
@@ -93,7 +121,7 @@ class Below:
         level = logging.INFO if isinstance(exc, PoolNotFoundError) else logging.WARNING
         log.log(level, "lower pool '%s' is out of the chain for now: %s", self.name, exc)
 
-    def call(self, action: Callable[[Pool], T], default: T) -> T:
+    def call(self, action: Callable[[Tier], T], default: T) -> T:
         """``action(lower pool)``, or ``default`` if there is none or it fails."""
         pool = self._get()
         if pool is None:
@@ -107,7 +135,7 @@ class Below:
             return default
 
     @property
-    def pool(self) -> Pool | None:
+    def pool(self) -> Tier | None:
         """The open lower pool, if there is one now."""
         return self._get()
 
@@ -147,23 +175,11 @@ class TierMixin(MappingMixin):
         return "hit" if self._promote == PROMOTE_ON_HIT else "never"
 
     @property
-    def lower(self) -> Pool | None:
-        """The lower pool, open, or None (no chain, or the lower pool is missing)."""
-        return None if self._below is None else self._below.pool
-
-    @property
     def lower_problem(self) -> str | None:
         """Why the lower pool named in the header is not open now (None if it is, or none)."""
         if self._below is None or self._below.pool is not None:
             return None
         return self._below.problem or "not open"
-
-    def chain(self) -> Iterator[Pool]:
-        """This pool and every open pool below it, top first."""
-        tier: Pool | None = self  # type: ignore[assignment]
-        while tier is not None:
-            yield tier
-            tier = tier.lower
 
     # ------------------------------------------------------------- spilling
 
@@ -215,13 +231,15 @@ class TierMixin(MappingMixin):
                 if found is not None:
                     return found  # type: ignore[no-any-return]
             if moved is None:  # not in the lower pool itself (its miss is counted): further down
-                return below.call(lambda lower: lower._read_further_below(key, copy), None)
-        return below.call(lambda lower: lower._read_chain(key, copy), None)
+                return below.call(lambda lower: lower.read_further_below(key, copy), None)
+        return below.call(lambda lower: lower.read_chain(key, copy), None)
 
-    def _read_further_below(self, key: Key, copy: Callable[..., T]) -> T | None:
+    def read_further_below(self, key: Key, copy: Callable[..., T]) -> T | None:
+        """A read for the pool above, whose own lookup here missed: from the pools below
+        this one, promoting as this pool is configured to."""
         return None if self._below is None else self._read_below(key, copy)
 
-    def _promote_from(self, lower: Pool, key: Key) -> bool | None:
+    def _promote_from(self, lower: Tier, key: Key) -> bool | None:
         """Copy ``key``'s entry up from ``lower`` and remove it there: whether it moved,
         None if ``lower`` itself does not hold it."""
         ref = lower.locate(key)
@@ -242,7 +260,8 @@ class TierMixin(MappingMixin):
         lower.remove_entry(ref)
         return True
 
-    def _read_chain(self, key: Key, copy: Callable[..., T]) -> T | None:
+    def read_chain(self, key: Key, copy: Callable[..., T]) -> T | None:
+        """A read for the pool above: here, then below (``copy`` as for ``Store.read``)."""
         found = self._read(key, copy)
         if found is None and self._below is not None:
             return self._read_below(key, copy)

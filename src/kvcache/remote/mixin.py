@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import transfer
 from ..engine import upkeep
@@ -31,7 +31,6 @@ from .link import RemoteLink
 
 if TYPE_CHECKING:
     from ..engine import Store
-    from ..pool import Pool
 
 T = TypeVar("T")
 _WORDS = {name: getattr(H, f"remote_{name}") for name in REMOTE_COUNTERS}
@@ -179,7 +178,16 @@ class RemoteMixin:
             )
 
 
-def attach(pool: Pool, link: RemoteLink | None, *, top: bool, bottom: bool) -> None:
+class Attachable(Protocol):
+    """What ``attach`` needs of a pool: a remote to read and write through, a place for
+    its evicted entries."""
+
+    _remote: RemoteLink | None
+
+    def attach_demote_to(self, link: RemoteLink) -> None: ...
+
+
+def attach(pool: Attachable, link: RemoteLink | None, *, top: bool, bottom: bool) -> None:
     """Give ``pool`` its part of the chain's remote ``link`` (see the module docstring)."""
     if link is None:
         return
