@@ -20,8 +20,11 @@ from .store import Store
 def close(store: Store) -> None:
     """Give up ``store``'s process slot and its mapping; it is unusable after.
 
-    The last handle of a disk pool flushes it and marks it clean first.
+    The last handle of a disk pool flushes it and marks it clean first. Closing a closed
+    store does nothing.
     """
+    if isinstance(store.lock, ClosedLock):
+        return
     try:
         if store.on_disk and not store.observing:
             _close_cleanly(store)
