@@ -82,9 +82,14 @@ def test_persist_keeps_the_pool_sums_so_restore_skips_damage(make_pool: Maker, t
         kvcache.destroy(pool.name + "-r")
 
 
-def test_a_value_changed_by_its_caller_during_a_put_is_caught(make_pool: Maker) -> None:
-    """The sum is taken from the caller's bytes before the copy: a buffer the caller
-    changes meanwhile (a racing thread) leaves an entry that check() reports."""
+def test_a_value_changed_by_its_caller_during_a_put_is_caught(
+    make_pool: Maker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two passes (the pure-Python path): the sum is taken from the caller's bytes before
+    the copy, so a buffer the caller changes meanwhile (a racing thread) leaves an entry
+    that check() reports. In one pass (compiled) each stretch is summed as it is copied:
+    the entry holds and sums the bytes it copied, a change the copy saw or missed alike."""
+    monkeypatch.setattr(kvcache.native, "sum_and_copy", None)
     pool = make_pool("4M", page_size="4K")
     buffer = bytearray(b"a" * 300_000)
     original = kvcache.transfer.scatter

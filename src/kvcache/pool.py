@@ -246,15 +246,19 @@ class Pool(TierMixin, RemoteMixin):
             self._engine.refuse_too_large(total)
         pieces = (key_bytes, encoded.header, encoded.payload)
         flags |= VALUE_IS_ARRAY if encoded.is_array else 0
-        # Summed from the caller's bytes before the lock is taken, so no lock hold
-        # grows by it; the pages then hold exactly these bytes.
-        checksum = transfer.checksum(
-            pieces, flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes
-        )
+        fields = (flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes)
+        under_lock = total <= INLINE_COPY_MAX_BYTES
+        if under_lock:  # summed before the lock is taken, so no lock hold grows by it
+            checksum = transfer.checksum(pieces, *fields)
 
-        def fill(targets: list[memoryview]) -> int:
-            transfer.scatter(targets, pieces)
-            return checksum
+            def fill(targets: list[memoryview]) -> int:
+                transfer.scatter(targets, pieces)
+                return checksum
+
+        else:  # copied without the lock: summed in the same pass, the caller's bytes read once
+
+            def fill(targets: list[memoryview]) -> int:
+                return transfer.scatter_summed(targets, pieces, fields)
 
         self._write(
             key_bytes,
@@ -264,7 +268,7 @@ class Pool(TierMixin, RemoteMixin):
             priority,
             expires_at,
             fill,
-            under_lock=total <= INLINE_COPY_MAX_BYTES,
+            under_lock=under_lock,
             parent=parent_bytes,
         )
         if self._below is not None:

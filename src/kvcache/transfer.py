@@ -65,7 +65,7 @@ class Payload:
     rather than a second pass over the file.
     """
 
-    __slots__ = ("fd", "file_spans", "landed", "views")
+    __slots__ = ("digest", "fd", "file_spans", "landed", "summed_first", "views")
 
     def __init__(
         self, views: list[memoryview], fd: int = -1, file_spans: Sequence[tuple[int, int]] = ()
@@ -74,6 +74,10 @@ class Payload:
         self.fd = fd  # -1: copied through the mapping
         self.file_spans = file_spans  # (offset in the file, length) of each view
         self.landed: list[memoryview] = views
+        # set by a verifying reader: what the checksum covers before the payload (its
+        # fields and the key and codec header); ``copy_into`` then sums as it copies
+        self.summed_first: list[bytes | memoryview] | None = None
+        self.digest: int | None = None  # the checksum that copy summed, if it did
 
     @property
     def nbytes(self) -> int:
@@ -91,7 +95,10 @@ class Payload:
     def copy_into(self, target: memoryview) -> None:
         """Copy the bytes to the start of ``target``, which is at least as long."""
         if self.fd < 0:
-            copy_into(target, self.views)
+            if self.summed_first is not None and native.sum_and_copy is not None:
+                self.digest = native.sum_and_copy(self.summed_first, self.views, (target,))
+            else:
+                copy_into(target, self.views)
             return
         position = 0
         for offset, n in self.file_spans:

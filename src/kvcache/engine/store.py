@@ -555,8 +555,11 @@ def _copy_verified(
     headers in pages whose writes never landed). Damage beyond the value (a
     truncated file) is still the pool's ``CorruptPoolError``.
     """
+    payload.summed_first = checked.summed_first()  # a copy into a buffer sums as it goes
     try:
         copied = copy(header, payload)
     except DamagedValueError:
         return None
+    if payload.digest is not None:
+        return copied if payload.digest == transfer.from_word(checked.checksum_word) else None
     return copied if checked.intact(payload.landed) else None

@@ -56,6 +56,10 @@ class Summed(NamedTuple):
     def intact(self, payload: list[memoryview] | tuple[memoryview, ...] = ()) -> bool:
         return self.computed(payload) == transfer.from_word(self.checksum_word)
 
+    def summed_first(self) -> list[bytes | memoryview]:
+        """What the checksum covers before a payload not in ``views``, as summed."""
+        return [transfer.RECORD_FIELDS.pack(*self.fields), *self.views]
+
 
 MakeRoom = Callable[..., bool]
 """``Evictor.make_room``: evict until a number of pages and a slot are free."""
