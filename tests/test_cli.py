@@ -1006,3 +1006,15 @@ def test_regression_an_address_space_limit_ended_in_an_oserror_traceback(names):
     (row,) = [p for p in json.loads(listed.stdout)["pools"] if p["name"] == name]
     assert "address space" in row["error"]
     assert _under_address_space_limit("8G", "status", name).returncode == 0
+
+
+def test_a_key_that_looks_like_markup_is_shown_as_it_is(names) -> None:
+    """rich read table cells as markup and emoji codes: "[red]" was shown as nothing and
+    "a[bold]b:smile:" as "ab" and an emoji."""
+    name = names()
+    with kvcache.create(name, "1M", page_size="4K") as pool:
+        pool.put("[red]", b"x")
+        pool.put("a[bold]b:smile:[/]", b"x")
+    listed = cortex("entries", name)
+    assert listed.returncode == 0, listed.stderr
+    assert "[red]" in listed.stdout and "a[bold]b:smile:[/]" in listed.stdout

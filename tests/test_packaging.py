@@ -54,6 +54,7 @@ def test_a_users_type_checker_sees_the_packages_types(tmp_path: Path) -> None:
             pool = kvcache.open("llama-cache")
             reveal_type(pool.get("prompt-42"))
             pool.put(42, b"kv")
+            kvcache.opne("llama-cache")
             """
         )
     )
@@ -68,6 +69,8 @@ def test_a_users_type_checker_sees_the_packages_types(tmp_path: Path) -> None:
     # without py.typed mypy skips the package: Any, and no error for the int key
     assert 'Revealed type is "bytes | numpy.ndarray' in result.stdout, result.stdout
     assert 'Argument 1 to "put" of "Pool" has incompatible type "int"' in result.stdout
+    # the names imported on first use are still known to type checkers, and only they
+    assert 'Module has no attribute "opne"' in result.stdout
 
 
 BLOCKER = """

@@ -35,7 +35,8 @@ class Output:
         """rich's console, made on first use (a ``--json`` run needs none)."""
         from .terminal import Terminal
 
-        return Terminal(highlight=False, width=None if sys.stdout.isatty() else 160)
+        # no emoji codes: ":smile:" in a pool's name or a path is text like the rest
+        return Terminal(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
 
     def line(self, text: str) -> None:
         """A line of human output, never wrapped (a path in it stays whole)."""
@@ -58,6 +59,7 @@ class Output:
         if self.as_json:
             return
         from rich.table import Table
+        from rich.text import Text
 
         cells = [[str(cell) for cell in row] for row in rows]
         widest = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
@@ -70,8 +72,8 @@ class Output:
                 no_wrap=column in right,
                 overflow="fold",
             )
-        for row in cells:
-            table.add_row(*row)
+        for row in cells:  # as Text: a key such as "[red]" or ":smile:" is shown as it is
+            table.add_row(*(Text(cell) for cell in row))
         self.console.print(table)
 
     def document(self, doc: dict[str, object]) -> None:
