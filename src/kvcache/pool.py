@@ -1129,7 +1129,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         q[base + E.num_pages] = num_pages
         q[base + E.priority] = priority
         q[base + E.probation] = q[base + E.queue_prev] = q[base + E.queue_next] = 0
-        q[base + E.reads] = recalled  # until published (see _admit)
+        q[base + E.reads] = recalled if self._queues is not None else 0  # see _admit
         d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self._slot, self._serial
