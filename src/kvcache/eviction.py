@@ -32,6 +32,7 @@ from .lock import PoolLock
 from .policies import Policy, QueuePolicy, ScoreContext, choose_victims, rank_victims
 from .procs import ProcessTable
 from .queues import Queues
+from .regret import RegretSample
 from .reports import EvictionResult
 from .sketch import admits
 from .units import parse_size
@@ -99,6 +100,7 @@ class EvictionMixin:
     _rng: np.random.Generator
     _clock: Callable[[], float]
     _queues: Queues | None  # Pool's: where the policy is a QueuePolicy
+    _regret: RegretSample
     _ed: memoryview[float]
 
     def _remove(self, eid: int) -> int:
@@ -208,6 +210,7 @@ class EvictionMixin:
     def _evict_one(self, eid: int) -> int:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes); how
         many went."""
+        self._regret.evict(eid, self._clock())
         removed = self._remove(eid)
         self._hq[H.evictions] += removed
         return removed

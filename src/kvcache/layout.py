@@ -197,6 +197,15 @@ HEADER_DTYPE = np.dtype(
         ("ghost_next", "<i8"),  # ghosts ever added: the next one's ring position
         ("ghost_tail_main", "<i8"),  # no ghost of its kind lies before these positions
         ("ghost_tail_probation", "<i8"),
+        # format 8, later: the eviction regret sample (kvcache.regret), in words format 8
+        # left zero (an empty sample), so format-8 pools from before need no conversion
+        ("regret_next", "<i8"),
+        ("regret_unrequested", "<i8"),
+        ("regret_seconds", "<i8", (25,)),
+        ("regret_seconds_sum", "<f8"),
+        ("regret_accesses", "<i8", (32,)),
+        ("regret_accesses_sum", "<i8"),
+        ("regret_ring", "<i8", (64 * 3,)),
     ]
 )
 

@@ -74,6 +74,7 @@ from .mapping import READ_ATTEMPTS, Default, Value
 from .policies import QueuePolicy, get_policy, rank_victims
 from .procs import ProcessTable, me
 from .queues import MAIN, PROBATION, Queues
+from .regret import RegretSample
 from .remote.mixin import RemoteMixin
 from .reports import EntryInfo, PoolMetrics, PoolStats
 from .settings import AccessLogMixin
@@ -178,6 +179,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
         self._sketch = FrequencySketch(views) if self._policy.uses_sketch else None
         self._queues = Queues(views) if self._policy.uses_queues else None
+        self._regret = RegretSample(views, self._tree)
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]
         data_offset = self._data_offset = geometry.data_offset
@@ -555,7 +557,8 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         with self._lock:
             self._add_kept_back()
             region = self._metrics.read()
-        return PoolMetrics.from_region(self.name, self.tier, region)
+            regret = self._regret.read()
+        return PoolMetrics.from_region(self.name, self.tier, region, regret)
 
     @reports_damage
     def reset_stats(self) -> None:
@@ -567,6 +570,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
                 h[getattr(H, name)] = 0
             self._metrics.reset(self._clock())
+            self._regret.reset()
 
     def count_error(self) -> None:
         """Count a cache failure an engine integration served around (a slot state the
@@ -965,6 +969,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
             return eid
         if eid < 0:
             h[H.misses] += 1
+            self._regret.request(*key_hash(key_bytes), self._clock())
             return -1
         h[H.hits] += 1
         clock = h[H.clock] + 1
@@ -1081,6 +1086,9 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
                 f"kvcache.open('{self.name}') again once others have closed it"
             )
         lo, hi = key_hash(key_bytes)
+        new_key = fresh and self._index.find(lo, hi) < 0
+        if new_key:
+            self._regret.request(lo, hi, self._clock())
         if parent is not None and self._find(parent) < 0:
             if self._sketch is not None and fresh:
                 self._sketch.add(lo, hi)  # asked for all the same
@@ -1088,7 +1096,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         count = 1.0
         candidate = None
         recalled = -1
-        if self._queues is not None and fresh and self._index.find(lo, hi) < 0:
+        if self._queues is not None and new_key:
             if cast(QueuePolicy, self._policy).recalls_before_evicting:
                 recalled = self._recall(self._queues, lo)
             else:

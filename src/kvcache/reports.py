@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .counters import LATENCY_BOUNDS_S, MAX_MODELS, OPS, OTHER_MODEL, TOKEN_COUNTERS
 from .layout import VALUE_IS_ARRAY
+
+if TYPE_CHECKING:  # regret reads its quantiles with Histogram: imported for types only
+    from .regret import Regret
 
 
 @dataclass(frozen=True)
@@ -105,10 +109,14 @@ class PoolMetrics:
     latency: dict[str, Histogram]  # get, put, lookup, retrieve
     tokens: dict[str, TokenCounts]  # by model id; "other" past the first 16 models
     reset_at: float | None  # wall clock of the last reset_stats, None = never
+    regret: Regret | None = None  # evicted keys asked for again, and how soon
 
     @classmethod
-    def from_region(cls, name: str, tier: str, region: np.ndarray) -> PoolMetrics:
-        """From a copy of the segment's metrics region (``counters.METRICS_DTYPE``)."""
+    def from_region(
+        cls, name: str, tier: str, region: np.ndarray, regret: Regret | None = None
+    ) -> PoolMetrics:
+        """From a copy of the segment's metrics region (``counters.METRICS_DTYPE``) and the
+        header's regret sample (``kvcache.regret``)."""
         latency = {
             op: Histogram(tuple(region["latency"][i].tolist()), int(region["latency_ns"][i]) / 1e9)
             for i, op in enumerate(OPS)
@@ -119,7 +127,7 @@ class PoolMetrics:
         if any(rows[MAX_MODELS]):
             tokens[OTHER_MODEL] = TokenCounts(*rows[MAX_MODELS])
         reset_at = float(region["reset_at"])
-        return cls(name, tier, latency, tokens, reset_at or None)
+        return cls(name, tier, latency, tokens, reset_at or None, regret)
 
     def to_dict(self) -> dict[str, object]:
         """Plain fields, for JSON."""
