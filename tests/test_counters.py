@@ -43,7 +43,7 @@ def every_op_timed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_region_follows_the_header_and_fits() -> None:
     assert METRICS_OFFSET == HEADER_BYTES
     assert METRICS_DTYPE.itemsize <= METRICS_BYTES
-    assert FORMAT_VERSION == 8
+    assert FORMAT_VERSION == 9
     geometry = Geometry.for_config(PoolConfig.build("1M", page_size="4K"))
     assert geometry.procs_offset == METRICS_OFFSET + METRICS_BYTES  # nothing else in it
 

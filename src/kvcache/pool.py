@@ -178,7 +178,7 @@ class Pool(EvictionMixin, TierMixin, RemoteMixin, AccessLogMixin):
         self._tree = ChunkTree(views) if self._policy.tracks_prefixes else None
         # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
         self._sketch = FrequencySketch(views) if self._policy.uses_sketch else None
-        self._queues = Queues(views) if self._policy.uses_queues else None
+        self._queues = Queues(views, self._tree) if self._policy.uses_queues else None
         self._regret = RegretSample(views, self._tree)
         self._below: Below | None = None  # set by lifecycle.open when the header names one
         self._promote = self._hq[H.promote]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .layout import ENTRY_WORDS, E, H, Views
+from .tree import ChunkTree
 
 PROBATION, MAIN = 1, 0
 """The two lists (and the two kinds of ghost): an entry's ``probation`` word."""
@@ -246,10 +247,15 @@ class Queues:
     freed little).
     """
 
-    def __init__(self, views: Views) -> None:
+    def __init__(self, views: Views, tree: ChunkTree | None = None) -> None:
         self.lists = EntryQueues(views)
         self.ghosts = GhostQueue(views)
         self._h, self._hd, self._q = views.header_q, views.header_d, views.entries_q
+        self._tree = tree  # a prefix-tracking pool's: an eviction takes the chunks below
+
+    def descendants(self, eid: int) -> list[int]:
+        """The entries an eviction of ``eid`` takes with it (chunks below it), leaves first."""
+        return self._tree.descendants(eid) if self._tree is not None else []
 
     @property
     def num_probation(self) -> int:

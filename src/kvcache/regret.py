@@ -18,9 +18,8 @@ seen. ``shift`` is chosen from the entry slots so that the ring of
 that comes back later than that counts as not asked for again within the ring
 (``unrequested``), neither in the histograms nor lost.
 
-**Layout**, words at the end of the header (format 8 grew them in space it
-left zero, and all zeros is an empty sample, so older format-8 pools need no
-conversion)::
+**Layout**, words at the end of the header (format 9; all zeros is an empty
+sample)::
 
     regret_next            records ever written: the next one's ring position
     regret_unrequested     records pushed out before their key was asked for
