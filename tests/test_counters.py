@@ -233,7 +233,7 @@ def test_repair_zeroes_negative_counters(make_pool: Callable[..., kvcache.Pool])
     assert pool.metrics().latency["get"].counts[3] == 0
 
 
-@pytest.mark.parametrize("older", [5, 6, 7])
+@pytest.mark.parametrize("older", [5, 6, 7, 8])
 def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
     with kvcache.create(pool_name, "1M", page_size="4K") as pool:
         path = pool.path
@@ -241,7 +241,7 @@ def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
         f.seek(kvcache.layout.H.format_version * 8)
         f.write(older.to_bytes(8, "little"))
     with pytest.raises(
-        IncompatiblePoolError, match=f"format version {older}, this kvcache reads 8"
+        IncompatiblePoolError, match=f"format version {older}, this kvcache reads {FORMAT_VERSION}"
     ):
         kvcache.open(pool_name)
 
