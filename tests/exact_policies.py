@@ -14,6 +14,8 @@ held already is a read of it, as a request for it would be).
   tail; a key put while in the ghost goes straight to main.
 - ``ExactARC``: Megiddo and Modha, FAST'03, Fig. 4 (cases I-IV, REPLACE).
 - ``ExactLRU``: for completeness and as a sanity baseline.
+- ``PrefixModel``: the ``prefix`` policy written plainly, over the chunk tree
+  (``replay`` puts each block under the one before it).
 """
 
 from __future__ import annotations
@@ -165,10 +167,92 @@ class ExactARC:
             self.b2[key] = None
 
 
+class PrefixModel:
+    """``policies/prefix.py`` written plainly: a chunk is stored only under a chunk held and
+    goes with the chunks below it; S3-FIFO's probation and main queues, ARC's two ghost
+    lists (a victim's chunks below it join its ghost list too, at most ``capacity``
+    ghosts in all) and a probation target moved by ghost hits, ``max(1, capacity /
+    2000)`` entries times ARC's ratio, from 10% of the capacity, within 1-100%."""
+
+    def __init__(self, capacity: int) -> None:
+        self.c = capacity
+        self.p = SMALL_SHARE * capacity
+        self.step = max(1.0, capacity / 2000)
+        self.small: OrderedDict[Hashable, None] = OrderedDict()
+        self.main: OrderedDict[Hashable, None] = OrderedDict()
+        self.ghosts: dict[str, OrderedDict[Hashable, None]] = {
+            "small": OrderedDict(),
+            "main": OrderedDict(),
+        }
+        self.freq: dict[Hashable, int] = {}
+        self.children: dict[Hashable, set[Hashable]] = {}
+        self.parent: dict[Hashable, Hashable | None] = {}
+
+    def get(self, key: Hashable) -> bool:
+        if key in self.freq:
+            self.freq[key] = min(self.freq[key] + 1, 3)
+            return True
+        return False
+
+    def put(self, key: Hashable, parent: Hashable | None) -> None:
+        if self.get(key) or (parent is not None and parent not in self.freq):
+            return
+        b1, b2 = len(self.ghosts["small"]), len(self.ghosts["main"])
+        recalled = next((kind for kind, keys in self.ghosts.items() if key in keys), None)
+        if recalled == "small":
+            self.p = min(self.c, self.p + self.step * max(b2 / b1, 1))
+        elif recalled == "main":
+            self.p = max(0.01 * self.c, self.p - self.step * max(b1 / b2, 1))
+        if recalled is not None:
+            del self.ghosts[recalled][key]
+        while len(self.small) + len(self.main) >= self.c:
+            self._evict()
+        (self.main if recalled else self.small)[key] = None
+        self.freq[key] = 0
+        self.parent[key] = parent
+        if parent is not None:
+            self.children.setdefault(parent, set()).add(key)
+
+    def _evict(self) -> None:
+        if (self.small and len(self.small) >= max(1, self.p)) or not self.main:
+            while self.small:
+                key = next(iter(self.small))
+                if not self.freq[key]:
+                    return self._remove(key, "small")
+                self.freq[key] = 0
+                del self.small[key]
+                self.main[key] = None
+        while True:
+            key = next(iter(self.main))
+            if not self.freq[key]:
+                return self._remove(key, "main")
+            self.freq[key] -= 1
+            self.main.move_to_end(key)
+
+    def _remove(self, key: Hashable, kind: str) -> None:
+        for child in list(self.children.get(key, ())):
+            self._remove(child, kind)
+        self.children.pop(key, None)
+        above = self.parent.pop(key)
+        if above is not None:
+            self.children[above].discard(key)
+        del self.freq[key]
+        self.small.pop(key, None)
+        self.main.pop(key, None)
+        self.ghosts[kind][key] = None
+        small, main = self.ghosts["small"], self.ghosts["main"]
+        while len(small) + len(main) > self.c:
+            (small if small and (len(small) > self.c - self.p or not main) else main).popitem(
+                last=False
+            )
+
+
 MODELS = {"lru": ExactLRU, "s3fifo": ExactS3FIFO, "arc": ExactARC}
 
 
-def replay(model: ExactLRU | ExactS3FIFO | ExactARC, prompts: Sequence[Sequence[int]]) -> float:
+def replay(
+    model: ExactLRU | ExactS3FIFO | ExactARC | PrefixModel, prompts: Sequence[Sequence[int]]
+) -> float:
     """Block hit ratio of ``model`` over ``prompts`` replayed as ``kvcache.simulate`` does:
     each prompt reads its blocks in order up to the first miss, then stores the rest."""
     hits = reads = 0
@@ -178,6 +262,9 @@ def replay(model: ExactLRU | ExactS3FIFO | ExactARC, prompts: Sequence[Sequence[
         while read < len(blocks) and model.get(blocks[read]):
             read += 1
         hits += read
-        for block in blocks[read:]:
-            model.put(block)
+        for position in range(read, len(blocks)):
+            if isinstance(model, PrefixModel):  # each block under the one before it
+                model.put(blocks[position], blocks[position - 1] if position else None)
+            else:
+                model.put(blocks[position])
     return hits / reads if reads else 0.0

@@ -1,4 +1,5 @@
-"""The engine's ``s3fifo`` and ``arc`` against exact models of the papers (issue 32).
+"""The engine's ``s3fifo`` and ``arc`` against exact models of the papers, and ``prefix``
+against its plain model.
 
 The models (``tests/exact_policies.py``) are plain Python queues. The pool is
 driven the way a prefix cache drives it: a request reads its blocks in order
@@ -23,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvcache
-from exact_policies import MODELS, replay
+from exact_policies import MODELS, PrefixModel, replay
 from kvcache.config import PoolConfig
 from kvcache.layout import H
 from kvcache.lifecycle import create_from_config, discard
@@ -191,3 +192,16 @@ def test_simulate_replays_within_0_3_points_of_the_exact_model(policy, which, ch
         outcome = replay_pool(trace, policy, capacity)
         exact = replay(MODELS[policy](capacity), requests)
         assert abs(outcome.hit_ratio - exact) <= 0.003, (share, outcome.hit_ratio, exact)
+
+
+@pytest.mark.parametrize("which", ["mooncake", "chat"])
+def test_simulate_replays_prefix_within_0_3_points_of_its_model(which, chat_trace):
+    """The pool takes its capacity as its live entries, which an eviction of a whole chain
+    leaves below the slots for a while; the model keeps a fixed capacity."""
+    trace = read_trace(MOONCAKE_HEAD if which == "mooncake" else chat_trace)
+    requests = [trace.request(i).tolist() for i in range(trace.num_requests)]
+    for share in (0.01, 0.05, 0.2):
+        capacity = max(8, round(trace.num_distinct * share))
+        outcome = replay_pool(trace, "prefix", capacity)
+        model = replay(PrefixModel(capacity), requests)
+        assert abs(outcome.hit_ratio - model) <= 0.003, (share, outcome.hit_ratio, model)

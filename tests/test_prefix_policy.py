@@ -1,6 +1,7 @@
 """The ``prefix`` policy and the chunk tree it keeps: descendants go with their chunk
 (eviction, delete, expiry, repair), a chunk whose parent is gone is not stored, new
-chunks are admitted by the frequency sketch; PrefixCache names each chunk's parent."""
+chunks wait on probation whose target ghosts move; PrefixCache names each chunk's
+parent. Its hit ratio against a plain model is in tests/test_exact_policies.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 
 import kvcache
 from kvcache import KVLayout, PrefixCache
-from kvcache.keys import key_hash
-from kvcache.layout import ENTRY_WORDS, E, H
+from kvcache.layout import ENTRY_WORDS, E
+from kvcache.queues import PROBATION
 
 PAGE = 1024
 SLOTS = 8
@@ -39,45 +40,45 @@ def stranded(pool) -> list[str]:
     return [k for k in keys if "/" in k and k.rsplit("/", 1)[0] not in keys]
 
 
-def test_the_least_recently_used_chunk_goes_with_the_chunks_below_it(prefix_pool):
+def test_an_unread_chunk_on_probation_goes_with_the_chunks_below_it(prefix_pool):
     pool = prefix_pool()
     put_prompt(pool, "sys/a/b/c")
     put_prompt(pool, "x/y")
     put_prompt(pool, "z")
     pool.get("sys")  # read again, but sys/a (and below) were not: they go together
     pool.put("w", b"v")  # the eighth: room for it
-    pool.put("q", b"v")
+    pool.put("q", b"v")  # sys, read, moves to main; sys/a is the oldest unread
     assert set(pool.keys()) == {"sys", "x", "x/y", "z", "w", "q"}
     assert pool.stats().evictions == 3
     assert stranded(pool) == []
+    ghosts = pool._engine.table.queues.ghosts
+    assert ghosts.count(PROBATION) == 3  # the chain is remembered whole
 
 
-def test_a_chunk_asked_for_once_does_not_displace_chunks_in_use(prefix_pool):
+def test_chunks_read_on_probation_outlive_new_unread_ones(prefix_pool):
     pool = prefix_pool()
     for i in range(SLOTS):
         pool.put(f"k{i}", b"v")
-    for _ in range(3):
-        for i in range(SLOTS):
-            pool.get(f"k{i}")  # each asked for 4 times, none idle for long
-    pool.put("new", b"v")
-    pool.put("new/tail", b"v", parent="new")  # its parent was declined: so is it
-    assert "new" not in pool and len(pool) == SLOTS and pool.stats().evictions == 0
-    tries = 0
-    while "new" not in pool:  # asked for again and again: its count beats the victim's
-        pool.put("new", b"v")
-        tries += 1
-    assert tries >= 2 and "k0" not in pool and pool.stats().evictions == 1
-
-
-def test_chunks_gone_cold_give_way_to_new_ones(prefix_pool):
-    pool = prefix_pool()
-    for i in range(SLOTS):
-        pool.put(f"k{i}", b"v")
+    for i in range(SLOTS // 2):
         pool.get(f"k{i}")
-    for _ in range(10 * SLOTS):  # ten half-lives (the pool's entries, in ticks) of k7 alone
-        pool.get(f"k{SLOTS - 1}")
-    pool.put("new", b"v")  # asked for once, but k0's count has halved ten times since
-    assert "new" in pool and "k0" not in pool
+    pool.put("new", b"v")
+    assert f"k{SLOTS // 2}" not in pool  # the oldest unread
+    assert all(f"k{i}" in pool for i in range(SLOTS // 2)) and "new" in pool
+
+
+def test_a_chain_put_again_from_probations_ghosts_goes_to_main_and_grows_probation(prefix_pool):
+    pool = prefix_pool()
+    put_prompt(pool, "a/b")
+    for i in range(SLOTS - 1):
+        pool.put(f"k{i}", b"v")  # a (and a/b with it) is evicted unread
+    queues = pool._engine.table.queues
+    assert "a" not in pool and queues.target == 0.0  # not moved yet: 10% of entries
+    put_prompt(pool, "a/b")
+    entries, find = pool._engine.views.entries, pool._engine.table.find
+    records = {key: entries[find(key.encode())] for key in ("a", "a/b")}
+    assert all(record["probation"] == 0 for record in records.values())  # in main
+    assert queues.target > 0.1 * len(pool)
+    assert pool.check() == []
 
 
 def test_a_chunk_whose_parent_is_not_here_is_not_stored(prefix_pool):
@@ -117,30 +118,6 @@ def test_a_chunk_cannot_become_its_own_descendant(prefix_pool):
     pool.put("a", b"v", parent="a/b")  # declined: it would cut a cycle out of the tree
     assert set(pool.keys()) == {"a", "a/b"}
     assert pool.check() == []
-
-
-def test_the_sketch_counts_every_ask_and_its_repair_leaves_the_counts(prefix_pool):
-    pool = prefix_pool()
-    put_prompt(pool, "a/b")
-    pool.put("x/y", b"v", parent="x")  # declined, but asked for
-    pool.get("a")
-    lo, hi = key_hash(b"a")
-    assert pool._engine.table.sketch.estimate(lo, hi) == 2
-    assert pool._engine.table.sketch.estimate(*key_hash(b"x/y")) == 1
-    assert pool._engine.views.header_q[H.sketch_additions] == 4
-    words = bytes(pool._engine.views.ghost_uq)
-    pool._engine.views.header_q[H.sketch_additions] = -5
-    pool._engine.views.header_q[H.num_ghosts_main] = (
-        3  # no ghosts in a prefix pool: the region is the sketch
-    )
-    problems = pool.check(repair=True)
-    assert any("sketch_additions" in p for p in problems)
-    assert any("num_ghosts_main" in p for p in problems)
-    assert pool.check() == [] and bytes(pool._engine.views.ghost_uq) == words
-    assert (
-        pool._engine.views.header_q[H.sketch_additions] == 0
-        and pool._engine.views.header_q[H.num_probation] == 0
-    )
 
 
 def test_other_policies_ignore_parents(make_pool):
@@ -223,24 +200,13 @@ def test_pools_made_for_prefix_caches_default_to_the_prefix_policy(pool_name):
         cache.pool.close()
 
 
-def test_a_store_stops_at_the_first_chunk_the_pool_declines(make_pool):
+def test_prefix_cache_stores_every_chunk_under_the_prefix_policy(make_pool):
     pool = make_pool(size=SLOTS * PAGE, page_size=PAGE, policy="prefix")
-    for i in range(SLOTS):
-        pool.put(f"hot{i}", b"v")
-    for _ in range(3):
-        for i in range(SLOTS):
-            pool.get(f"hot{i}")
     layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
     cache = PrefixCache(pool, "m", layout, chunk_tokens=4)
     kv = np.ones((1, 2, 1, 16, 4), np.float32)
-    assert cache.store(list(range(16)), kv) == 0  # the first chunk lost to hot0: none written
-    assert len(pool) == SLOTS and pool.stats().evictions == 0 and cache.lookup(range(16)) == 0
-    # every chunk was counted as asked for all the same, as its put would have been
-    counts = [
-        pool._engine.table.sketch.estimate(*key_hash(k.encode()))
-        for k in cache.chunk_keys(range(16))
-    ]
-    assert counts == [1, 1, 1, 1]
+    assert cache.store(list(range(16)), kv) == 16
+    assert cache.lookup(range(16)) == 16 and pool.check() == []
 
 
 def test_only_a_sketch_pool_counts_keys_noted_as_asked(make_pool):

@@ -1,5 +1,6 @@
-"""The frequency sketch of ``prefix`` pools (``kvcache.sketch``): counts in 4-bit counters
-of the ghost region, capped, halved, and never mistaken for ghosts."""
+"""The frequency sketch (``kvcache.sketch``): counts in 4-bit counters of the ghost region,
+capped, halved, and never mistaken for ghosts. No policy keeps one at present; it is
+built here over the ghost region of a pool whose policy leaves the region unused."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import pytest
 
 from kvcache.keys import key_hash
 from kvcache.layout import H
-from kvcache.sketch import AGING_ADDITIONS_PER_SLOT, COUNT_LIMIT, admits
+from kvcache.sketch import AGING_ADDITIONS_PER_SLOT, COUNT_LIMIT, FrequencySketch, admits
 
 PAGE = 1024
 
 
 @pytest.fixture
 def sketch_pool(make_pool):
-    return make_pool(size=64 * PAGE, page_size=PAGE, policy="prefix")
+    pool = make_pool(size=64 * PAGE, page_size=PAGE, policy="lru")
+    pool._engine.table.sketch = FrequencySketch(pool._engine.views)
+    return pool
 
 
 def test_counts_grow_by_one_up_to_the_limit(sketch_pool):

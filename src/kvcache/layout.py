@@ -55,9 +55,14 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 8
-READABLE_VERSIONS = (8,)
-"""8: ``s3fifo`` and ``arc`` run exactly as their papers define them,
+FORMAT_VERSION = 9
+READABLE_VERSIONS = (9,)
+"""9: ``prefix`` runs on the exact queues of format 8 (probation with an adaptive
+target, main, ghosts) instead of a frequency sketch in the ghost region, so a
+format-8 prefix pool's ghost region and entry lists would be read wrong:
+format-8 pools are refused (persist and restore them). The header gains the
+eviction regret sample (``kvcache.regret``) in words it left zero.
+8: ``s3fifo`` and ``arc`` run exactly as their papers define them,
 with their queues in the segment: entries gain list links and a read count
 (``queue_prev``, ``queue_next``, ``reads``), the header the lists' ends and the
 ghost ring's positions, and ARC's target ``probation_target`` is a float; the
@@ -197,6 +202,14 @@ HEADER_DTYPE = np.dtype(
         ("ghost_next", "<i8"),  # ghosts ever added: the next one's ring position
         ("ghost_tail_main", "<i8"),  # no ghost of its kind lies before these positions
         ("ghost_tail_probation", "<i8"),
+        # format 9: the eviction regret sample (kvcache.regret)
+        ("regret_next", "<i8"),
+        ("regret_unrequested", "<i8"),
+        ("regret_seconds", "<i8", (25,)),
+        ("regret_seconds_sum", "<f8"),
+        ("regret_accesses", "<i8", (32,)),
+        ("regret_accesses_sum", "<i8"),
+        ("regret_ring", "<i8", (64 * 3,)),
     ]
 )
 

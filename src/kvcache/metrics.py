@@ -26,6 +26,12 @@ remote tier's counters, ``remote``):
 ``kvcache_entries`` / ``kvcache_attached_processes``  live entries, processes attached
 ``kvcache_operation_duration_seconds{op}``            sampled latency: get, put, lookup,
                                                       retrieve (histogram)
+``kvcache_eviction_regret_seconds``                   sampled evicted keys asked for again,
+                                                      by seconds since their eviction
+``kvcache_eviction_regret_accesses``                  ... by the pool's accesses since
+``kvcache_eviction_regret_unrequested_total``         sampled evicted keys not asked for
+                                                      while in the sample
+``kvcache_eviction_regret_sampled_one_in``            the sample's rate (``kvcache.regret``)
 ``kvcache_prefix_query_tokens_total{model}``          tokens PrefixCache.retrieve asked for
 ``kvcache_prefix_hit_tokens_total{model}``            ... and found (hit rate in tokens)
 ``kvcache_prefix_stored_tokens_total{model}``         tokens PrefixCache.store wrote
@@ -56,7 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
@@ -71,7 +77,7 @@ from prometheus_client.registry import Collector
 
 from . import lifecycle
 from .errors import InvalidArgument, KVCacheError, PoolDestroyedError, PoolNotFoundError
-from .reports import Histogram, PoolMetrics, PoolStats
+from .reports import Histogram, PoolMetrics, PoolStats, Regret
 
 if TYPE_CHECKING:  # wsgiref.types is Python 3.11's; typeshed has them for 3.10 too
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -194,6 +200,7 @@ def _families(readings: list[_Reading]) -> Iterator[Metric]:
         "Sampled duration of get, put, PrefixCache lookup and retrieve calls.",
         labels=(*POOL_LABELS, "op"),
     )
+    regret = _regret_families()
     for reading in readings:
         stats, metrics = reading.stats, reading.metrics
         labels = [stats.name, metrics.tier]
@@ -231,6 +238,8 @@ def _families(readings: list[_Reading]) -> Iterator[Metric]:
             tokens["stored"].add_metric([*labels, model], counts.stored)
         for op, histogram in metrics.latency.items():
             latency.add_metric([*labels, op], _buckets(histogram), histogram.sum_s)
+        if metrics.regret is not None:
+            _add_regret(regret, labels, metrics.regret)
         if reading.remote is not None:
             _add_remote(counters, stats.name, reading.remote)
     yield from counters.values()
@@ -238,6 +247,52 @@ def _families(readings: list[_Reading]) -> Iterator[Metric]:
     yield from gauges.values()
     yield from tokens.values()
     yield latency
+    yield from regret
+
+
+class _RegretFamilies(NamedTuple):
+    seconds: HistogramMetricFamily
+    accesses: HistogramMetricFamily
+    unrequested: CounterMetricFamily
+    sampled_one_in: GaugeMetricFamily
+
+
+def _regret_families() -> _RegretFamilies:
+    return _RegretFamilies(
+        HistogramMetricFamily(
+            "kvcache_eviction_regret_seconds",
+            "Sampled evicted keys asked for again, by seconds from eviction to the request "
+            "(many soon after: a larger pool would have served them).",
+            labels=POOL_LABELS,
+        ),
+        HistogramMetricFamily(
+            "kvcache_eviction_regret_accesses",
+            "Sampled evicted keys asked for again, by the pool's accesses (puts and hits) "
+            "from eviction to the request.",
+            labels=POOL_LABELS,
+        ),
+        CounterMetricFamily(
+            "kvcache_eviction_regret_unrequested",
+            "Sampled evicted keys not asked for again while in the sample (about twice "
+            "the entry slots in evictions).",
+            labels=POOL_LABELS,
+        ),
+        GaugeMetricFamily(
+            "kvcache_eviction_regret_sampled_one_in",
+            "Evicted keys are sampled 1 in this many, by key hash.",
+            labels=POOL_LABELS,
+        ),
+    )
+
+
+def _add_regret(families: _RegretFamilies, labels: list[str], regret: Regret) -> None:
+    for family, histogram in (
+        (families.seconds, regret.seconds),
+        (families.accesses, regret.accesses),
+    ):
+        family.add_metric(labels, _cumulative(histogram.bounds, histogram.counts), histogram.sum)
+    families.unrequested.add_metric(labels, regret.unrequested)
+    families.sampled_one_in.add_metric(labels, regret.sampled_one_in)
 
 
 def _add_remote(counters: dict[str, CounterMetricFamily], pool: str, r: dict[str, int]) -> None:
@@ -258,10 +313,14 @@ def _add_remote(counters: dict[str, CounterMetricFamily], pool: str, r: dict[str
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return _cumulative(histogram.bounds_s, histogram.counts)
+
+
+def _cumulative(bounds_: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
     """Cumulative (le, count) pairs, +Inf last, as Prometheus histograms have them."""
-    bounds = [f"{bound:g}" for bound in histogram.bounds_s] + ["+Inf"]
+    bounds = [f"{bound:g}" for bound in bounds_] + ["+Inf"]
     cumulative, total = [], 0
-    for bound, count in zip(bounds, histogram.counts, strict=True):
+    for bound, count in zip(bounds, counts, strict=True):
         total += count
         cumulative.append((bound, float(total)))
     return cumulative

@@ -105,10 +105,14 @@ class PoolMetrics:
     latency: dict[str, Histogram]  # get, put, lookup, retrieve
     tokens: dict[str, TokenCounts]  # by model id; "other" past the first 16 models
     reset_at: float | None  # wall clock of the last reset_stats, None = never
+    regret: Regret | None = None  # evicted keys asked for again, and how soon
 
     @classmethod
-    def from_region(cls, name: str, tier: str, region: np.ndarray) -> PoolMetrics:
-        """From a copy of the segment's metrics region (``counters.METRICS_DTYPE``)."""
+    def from_region(
+        cls, name: str, tier: str, region: np.ndarray, regret: Regret | None = None
+    ) -> PoolMetrics:
+        """From a copy of the segment's metrics region (``counters.METRICS_DTYPE``) and the
+        header's regret sample (``kvcache.regret``)."""
         latency = {
             op: Histogram(tuple(region["latency"][i].tolist()), int(region["latency_ns"][i]) / 1e9)
             for i, op in enumerate(OPS)
@@ -119,7 +123,7 @@ class PoolMetrics:
         if any(rows[MAX_MODELS]):
             tokens[OTHER_MODEL] = TokenCounts(*rows[MAX_MODELS])
         reset_at = float(region["reset_at"])
-        return cls(name, tier, latency, tokens, reset_at or None)
+        return cls(name, tier, latency, tokens, reset_at or None, regret)
 
     def to_dict(self) -> dict[str, object]:
         """Plain fields, for JSON."""
@@ -255,3 +259,50 @@ class RemoteStats:
 
     def to_dict(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "mean_latency_s": self.mean_latency_s}
+
+
+@dataclass(frozen=True)
+class RegretHistogram:
+    """Keys asked for again after their eviction, by how long after: counts per bucket
+    (not cumulative; the last past every bound, +Inf's) and their sum."""
+
+    counts: tuple[int, ...]
+    sum: float
+    bounds: tuple[float, ...]
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> float:
+        """The upper bound of the bucket holding quantile ``q`` (inf past the last bound,
+        0.0 without samples)."""
+        return Histogram(self.counts, self.sum, self.bounds).quantile(q)
+
+
+@dataclass(frozen=True)
+class Regret:
+    """What ``Pool.metrics`` reports of the sample: the two histograms over the same keys,
+    records pushed out unasked, and the sampling rate (1 key in ``sampled_one_in``)."""
+
+    seconds: RegretHistogram
+    accesses: RegretHistogram
+    unrequested: int
+    sampled_one_in: int
+
+    @property
+    def share_asked_again(self) -> float:
+        """Of the sampled evicted keys that left the sample, the share asked for again
+        while in it (0.0 without any)."""
+        asked = self.seconds.count
+        return asked / (asked + self.unrequested) if asked + self.unrequested else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "seconds_counts": list(self.seconds.counts),
+            "seconds_sum": self.seconds.sum,
+            "accesses_counts": list(self.accesses.counts),
+            "accesses_sum": self.accesses.sum,
+            "unrequested": self.unrequested,
+            "sampled_one_in": self.sampled_one_in,
+        }

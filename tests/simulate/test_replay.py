@@ -17,10 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvcache
-from kvcache.config import PoolConfig
 from kvcache.errors import InvalidArgument
-from kvcache.keys import key_hash
-from kvcache.layout import Geometry
 from kvcache.policies import POLICIES
 from kvcache.simulate import (
     OPTIMAL,
@@ -231,102 +228,3 @@ def test_policies_by_name():
     assert policies_named(["fifo", "lru", "opt"]) == ["lru", "fifo"]
     with pytest.raises(InvalidArgument, match="choose one of"):
         policies_named(["lru", "belady"])
-
-
-class Sketch:
-    """The pool's frequency sketch (``kvcache.sketch``) written plainly: four 4-bit counters
-    per key, picked by the 32-bit quarters of its hash; a key's count is their least; an
-    addition raises those at the least, up to 15; all halve after 4 additions per slot."""
-
-    def __init__(self, policy: str, capacity: int) -> None:
-        config = PoolConfig.build(capacity * 1024, policy=policy, page_size=1024)
-        slots = Geometry.for_config(config).index_slots
-        self.mask = slots * 16 - 1
-        self.window = 4 * slots
-        self.counters: dict[int, int] = {}
-        self.additions = 0
-
-    def _quarters(self, block: int) -> list[int]:
-        lo, hi = key_hash(int(block).to_bytes(8, "little"))
-        return [lo & self.mask, (lo >> 32) & self.mask, hi & self.mask, (hi >> 32) & self.mask]
-
-    def count(self, block: int) -> int:
-        return min(self.counters.get(c, 0) for c in self._quarters(block))
-
-    def add(self, block: int) -> int:
-        least = self.count(block)
-        if least < 15:
-            for c in set(self._quarters(block)):
-                if self.counters.get(c, 0) == least:
-                    self.counters[c] = least + 1
-            least += 1
-        self.additions += 1
-        if self.additions >= self.window:
-            self.additions = 0
-            self.counters = {c: n >> 1 for c, n in self.counters.items()}
-        return least
-
-
-def prefix_model(requests: list[list[int]], capacity: int) -> tuple[int, int]:
-    """The ``prefix`` policy written plainly, with the pool's put semantics: prefix hits and
-    evictions (a victim's descendants count, as they go with it). A chunk whose parent is
-    not here is declined before anything is evicted for it; every hit and put is counted
-    in the sketch; a new chunk that needs room is admitted only if its count beats the
-    least recently used chunk's count when last used, halved per half-life idle since
-    (TinyLFU); that chunk then goes, with the chunks below it."""
-    parent: dict[int, int | None] = {}
-    last: dict[int, int] = {}
-    freq: dict[int, float] = {}
-    sketch = Sketch("prefix", capacity)
-    half_life = PoolConfig.build(capacity * 1024, policy="prefix", page_size=1024).lfu_half_life
-    clock = hits = evictions = 0
-
-    def subtree(block: int) -> list[int]:
-        below = [b for b in parent if parent[b] == block]
-        return [d for b in below for d in subtree(b)] + below
-
-    def remove(block: int) -> int:
-        doomed = [*subtree(block), block]
-        for b in doomed:
-            del parent[b], last[b], freq[b]
-        return len(doomed)
-
-    for request in requests:
-        reused = 0
-        while reused < len(request) and request[reused] in parent:
-            clock += 1
-            block = request[reused]
-            last[block], freq[block] = clock, sketch.add(block)
-            reused += 1
-        hits += reused
-        for position in range(reused, len(request)):
-            block = request[position]
-            above = request[position - 1] if position else None
-            if above is not None and above not in parent:
-                sketch.add(block)
-                continue  # declined: no lookup could reach it
-            count = sketch.add(block)
-            old = block in parent
-            if len(parent) >= capacity:
-                victim = min(parent, key=last.__getitem__)
-                worth = freq[victim] * 2.0 ** (-(clock - last[victim]) / half_life)
-                if not old and not count > worth:
-                    continue  # not admitted
-                evictions += remove(victim)
-            if above is not None and (above not in parent or (old and above in subtree(block))):
-                continue
-            children = [b for b in parent if parent[b] == block]
-            if block in parent:
-                del parent[block], last[block], freq[block]
-            clock += 1
-            parent[block], last[block], freq[block] = above, clock, count
-            for child in children:
-                parent[child] = block
-    return hits, evictions
-
-
-@settings(max_examples=60, deadline=None)
-@given(prompt_traffic(), st.integers(1, 12))
-def test_the_pool_replay_of_prefix_is_the_prefix_model(requests, capacity):
-    outcome = replay_pool(trace_of(requests), "prefix", capacity, eviction_samples=64)
-    assert (outcome.block_hits, outcome.evictions) == prefix_model(requests, capacity)

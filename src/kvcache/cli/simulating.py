@@ -52,6 +52,7 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
             "PREFIX-HIT TOKENS",
             "PREFILL SAVED",
             "EVICTIONS",
+            "EVICTED, ASKED AGAIN",
         ),
         _rows(outcomes, trace, block_bytes, args.prefill_rate),
         right=("BLOCK HITS", "OF OPT", "PREFIX-HIT TOKENS", "PREFILL SAVED", "EVICTIONS"),
@@ -139,9 +140,20 @@ def _rows(
                 f"{o.hit_tokens:,} ({o.token_ratio:.1%})",
                 f"{o.saved_seconds(rate):,.0f} s",
                 f"{o.evictions:,}",
+                _regret(o),
             )
         )
     return rows
+
+
+def _regret(o: sim.Outcome) -> str:
+    """Of the evicted blocks sampled, the share asked for again, and how soon (median)."""
+    summary = o.regret_summary()
+    if summary is None or not summary["asked_again"]:
+        return "-"
+    after = summary["p50_accesses"]
+    soon = f"half within {after:,.0f} accesses" if after is not None else "later"
+    return f"{summary['share_asked_again']:.0%}, {soon}"
 
 
 def _pyplot(path: str) -> object:

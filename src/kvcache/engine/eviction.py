@@ -98,6 +98,7 @@ class Evictor:
         self._procs = procs
         self._rng = rng
         self._remove = table.remove
+        self._regret = table.regret
         self._free_entry = table.free_entry
 
     def make_room(
@@ -178,6 +179,7 @@ class Evictor:
     def evict_one(self, eid: int) -> int:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes); how
         many went."""
+        self._regret.evict(eid, self._clock())
         removed = self._remove(eid)
         self._hq[H.evictions] += removed
         return removed

@@ -31,6 +31,7 @@ from ..keys import Key, key_hash
 from ..layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, H, Views
 from ..policies import Policy, QueuePolicy, get_policy
 from ..queues import MAIN, PROBATION, Queues
+from ..regret import RegretSample
 from ..sketch import FrequencySketch
 from ..tree import ChunkTree
 
@@ -99,7 +100,8 @@ class Table:
         self.tree = ChunkTree(views) if policy.tracks_prefixes else None
         # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
         self.sketch = FrequencySketch(views) if policy.uses_sketch else None
-        self.queues = Queues(views) if policy.uses_queues else None
+        self.queues = Queues(views, self.tree) if policy.uses_queues else None
+        self.regret = RegretSample(views, self.tree)
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
         self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
         self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
@@ -167,6 +169,7 @@ class Table:
             return eid
         if eid < 0:
             h[H.misses] += 1
+            self.regret.request(*key_hash(key_bytes), self.clock())
             return -1
         h[H.hits] += 1
         clock = h[H.clock] + 1
@@ -271,6 +274,9 @@ class Table:
                 declined, as ``publish`` would decline it.
         """
         lo, hi = key_hash(key_bytes)
+        new_key = fresh and self.index.find(lo, hi) < 0
+        if new_key:
+            self.regret.request(lo, hi, self.clock())
         if parent is not None and self.find(parent) < 0:
             if self.sketch is not None and fresh:
                 self.sketch.add(lo, hi)  # asked for all the same
@@ -278,7 +284,7 @@ class Table:
         count = 1.0
         candidate = None
         recalled = -1
-        if self.queues is not None and fresh and self.index.find(lo, hi) < 0:
+        if self.queues is not None and new_key:
             if cast(QueuePolicy, self.policy).recalls_before_evicting:
                 recalled = self._recall(self.queues, lo)
             else:
@@ -319,7 +325,8 @@ class Table:
         q[base + E.num_pages] = num_pages
         q[base + E.priority] = priority
         q[base + E.probation] = q[base + E.queue_prev] = q[base + E.queue_next] = 0
-        q[base + E.reads] = recalled  # until published (see _admit)
+        # until published (see _admit)
+        q[base + E.reads] = recalled if self.queues is not None else 0
         d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self.owner

@@ -233,7 +233,8 @@ def metrics(store: Store, tier: str) -> PoolMetrics:
     with store.lock:
         store.add_kept_back()
         region = store.metrics.read()
-    return PoolMetrics.from_region(store.name, tier, region)
+        regret = store.table.regret.read()
+    return PoolMetrics.from_region(store.name, tier, region, regret)
 
 
 def add_to_counters(store: Store, deltas: dict[int, int]) -> None:
@@ -257,6 +258,7 @@ def reset_stats(store: Store) -> None:
         for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
             h[getattr(H, name)] = 0
         store.metrics.reset(store.clock())
+        store.table.regret.reset()
 
 
 # ------------------------------------------------------------ check, retire

@@ -10,9 +10,9 @@ with the pool; smaller pools, and explicit ``Pool.evict``, rank every entry.
 A policy may ask the pool for more, kept in the segment: ``tracks_prefixes``
 (the chunk tree of ``kvcache.tree``: ``prefix``), ``uses_queues`` (exact
 queues and ghosts, ``kvcache.queues``, for policies defined by queues:
-``s3fifo``, ``arc``; they choose victims themselves, in O(1), without
-sampling) and ``uses_sketch`` (a frequency sketch of keys asked for,
-``kvcache.sketch``, that admits new keys: ``prefix``).
+``s3fifo``, ``arc``, ``prefix``; they choose victims themselves, in O(1),
+without sampling) and ``uses_sketch`` (a frequency sketch of keys asked for,
+``kvcache.sketch``, that admits new keys; no policy asks for it at present).
 """
 
 from __future__ import annotations

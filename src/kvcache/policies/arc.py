@@ -11,8 +11,10 @@ least recent entry while T1 holds more than p entries (or exactly p, when the
 key came from B2), else T2's, remembering it in the list's ghost.
 
 We run it exactly, on the segment's queues (``kvcache.queues``), with c the
-pool's entry slots (its capacity in entries where an entry takes a page); p
-is the header's ``probation_target``. Every step is O(1). ``score`` serves
+pool's live entries (its capacity in entries once it is full, whatever the
+values' sizes; the entry slots would let the ghosts outgrow the cache many
+times over when values take many pages); p is the header's
+``probation_target``. Every step is O(1). ``score`` serves
 only explicit ``Pool.evict``, which ranks every entry at once.
 """
 
@@ -42,7 +44,7 @@ class ARC:
         """A key not held is about to be put: adapt p to a ghost of kind ``recalled``
         (cases II and III; the key has left its ghost list already, so it is counted
         back), else trim the ghosts (case IV)."""
-        ghosts, c = queues.ghosts, queues.capacity
+        ghosts, c = queues.ghosts, queues.num_live
         b1, b2 = ghosts.count(PROBATION), ghosts.count(MAIN)
         if recalled == PROBATION:
             queues.target = min(c, queues.target + max(b2 / (b1 + 1), 1.0))
@@ -55,7 +57,9 @@ class ARC:
             ghosts.drop_oldest(MAIN)
 
     def admit(self, queues: Queues, eid: int, recalled: int) -> None:
-        """Queue a new entry: T2 if its key was a ghost, else T1 (the ghosts trimmed)."""
+        """Queue a new entry: T2 if its key was a ghost, else T1 (the ghosts trimmed). Its
+        ``reads`` word held the pool's note of when to look up the ghost: cleared."""
+        queues.set_reads(eid, 0)
         queues.lists.push(eid, MAIN if recalled >= 0 else PROBATION)
 
     def hit(self, queues: Queues, eid: int) -> None:
@@ -64,7 +68,7 @@ class ARC:
     def victim(self, queues: Queues, recalled: int) -> int:
         """The entry to evict now (the pool is full): REPLACE, or case IV's T1 eviction."""
         lists, ghosts, t1 = queues.lists, queues.ghosts, queues.num_probation
-        if recalled < 0 and t1 >= queues.capacity:
+        if recalled < 0 and t1 >= queues.num_live:
             return lists.tail(PROBATION)  # T1 is the whole cache: no ghost
         p = queues.target
         if t1 and (t1 > p or (recalled == MAIN and t1 == p) or not queues.num_main):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..reports import Regret
 from .traces import Trace
 
 DEFAULT_PREFILL_TOKENS_PER_S = 5000
@@ -30,6 +32,7 @@ class Outcome:
     input_tokens: int
     evictions: int
     seconds: float
+    regret: Regret | None = None  # evicted blocks asked for again (None for opt)
 
     @property
     def hit_ratio(self) -> float:
@@ -45,8 +48,35 @@ class Outcome:
         """Prefill time the reused tokens save at that prefill speed."""
         return self.hit_tokens / prefill_tokens_per_s
 
-    def as_dict(self) -> dict[str, float | int | str]:
-        return {**asdict(self), "hit_ratio": self.hit_ratio, "token_ratio": self.token_ratio}
+    def regret_summary(self) -> dict[str, float | int | None] | None:
+        """The regret sample in a few numbers: sampled evicted blocks asked for again (and
+        their share), how many accesses and seconds (of the trace's clock) after their
+        eviction at the median and the 90th percentile (bucket bounds; None past the
+        last), the sampling rate."""
+        r = self.regret
+        if r is None:
+            return None
+        quantiles = {
+            f"p{round(q * 100)}_{unit}": histogram.quantile(q)
+            for unit, histogram in (("accesses", r.accesses), ("seconds", r.seconds))
+            for q in (0.5, 0.9)
+        }
+        return {
+            "asked_again": r.seconds.count,
+            "unrequested": r.unrequested,
+            "share_asked_again": r.share_asked_again,
+            **{name: None if math.isinf(v) else v for name, v in quantiles.items()},
+            "sampled_one_in": r.sampled_one_in,
+        }
+
+    def as_dict(self) -> dict[str, object]:
+        fields = {k: v for k, v in asdict(self).items() if k != "regret"}
+        return {
+            **fields,
+            "hit_ratio": self.hit_ratio,
+            "token_ratio": self.token_ratio,
+            "regret": self.regret_summary(),
+        }
 
 
 def tally(
@@ -56,6 +86,7 @@ def tally(
     reused: np.ndarray,
     evictions: int,
     seconds: float,
+    regret: Regret | None = None,
 ) -> Outcome:
     """The outcome of a replay in which request ``i`` reused its first ``reused[i]`` blocks."""
     tokens = np.minimum(reused * trace.block_tokens, trace.input_tokens)
@@ -68,4 +99,5 @@ def tally(
         int(trace.input_tokens.sum()),
         evictions,
         seconds,
+        regret,
     )

@@ -52,24 +52,41 @@ def replay_pool(
         page_size=PAGE_BYTES,
         eviction_samples=eviction_samples,
     )
-    pool = create_from_config("simulate", config, rng=np.random.default_rng(0), hidden=True)
+    moment = TraceClock(trace)
+    pool = create_from_config(
+        "simulate", config, clock=moment, rng=np.random.default_rng(0), hidden=True
+    )
     discard(pool)  # its memory lives on in the mapping until close, or this process's end
     try:
         started = time.perf_counter()
         reused, evictions = _replay(
             pool,
             trace,
+            moment,
             by_position=policy == "priority",
             with_parents=get_policy(policy).tracks_prefixes,
         )
         seconds = time.perf_counter() - started
+        regret = pool.metrics().regret
     finally:
         pool.close()
-    return tally(trace, policy, capacity_blocks, reused, evictions, seconds)
+    return tally(trace, policy, capacity_blocks, reused, evictions, seconds, regret)
+
+
+class TraceClock:
+    """The pool's wall clock during a replay: the arrival time of the request replayed, in
+    seconds (so that eviction regret is measured in the trace's time, not the replay's)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self._seconds = (trace.timestamps_ms / 1000.0).tolist()
+        self.request = 0
+
+    def __call__(self) -> float:
+        return self._seconds[self.request] if self._seconds else 0.0
 
 
 def _replay(
-    pool: object, trace: Trace, by_position: bool, with_parents: bool
+    pool: object, trace: Trace, moment: TraceClock, by_position: bool, with_parents: bool
 ) -> tuple[np.ndarray, int]:
     keys = trace.blocks.astype("<u8").tobytes()
     starts = trace.starts.tolist()
@@ -77,6 +94,7 @@ def _replay(
     get_into, put = pool.get_into, pool.put  # type: ignore[attr-defined]
     reused = np.zeros(trace.num_requests, dtype=np.int64)
     for request in range(trace.num_requests):
+        moment.request = request
         first, end = starts[request], starts[request + 1]
         read = first
         while read < end and get_into(keys[read * KEY_BYTES : (read + 1) * KEY_BYTES], buffer):
