@@ -32,7 +32,9 @@ Method
     restart sees): a new prompt (a miss), a prompt the engine before stored
     (loaded from the pool), then that again (vLLM's own hit, the ceiling);
   - the last two again over a disk pool (``ram:`` and ``disk:`` rows; the
-    disk pool is left out with ``--quick``).
+    disk pool is left out with ``--quick``);
+  - the engine without a connector again, last (``last:`` rows), which shows
+    how much the order of the engines moved the figures.
 * connector: the time spent inside the connector's methods during the timed
   request (lookup, plans, load, waiting for stores in flight), and its share
   of the TTFT; "store" is the background store of the request's chunks, which
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small model, short prompt")
     parser.add_argument("--rounds", type=int, help="rounds of the cases (default 5, --quick 2)")
+    parser.add_argument("--no-replay", action="store_true", help="the TTFT cases only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -258,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                 cases = [(MISS, new_prompts()), (ANOTHER, stored), (OWN_BESIDE, stored)]
                 results += run([(f"{tier}: {label}", prompts) for label, prompts in cases],
                                pool=pool, prefix_caching=True)  # fmt: skip
+            plain = new_prompts()  # the engine without a connector again, last: order effects
+            results += run([(f"last: {RECOMPUTED}", plain), (f"last: {OWN}", plain)],
+                           prefix_caching=True)  # fmt: skip
             report(results, layers, hidden, length, rounds)
+            if args.no_replay:
+                return 0
             prompts = trace_prompts(replays)
             replay = {
                 "vLLM, no prefix caching": run_child(
@@ -305,7 +313,7 @@ def report(
 
     def base_and_own(case: str) -> tuple[float, float]:
         """The median recompute (or miss) and own hit of the engine ``case`` ran in."""
-        prefix = next((tier for tier in ("ram: ", "disk: ") if case.startswith(tier)), "")
+        prefix = next((p for p in ("ram: ", "disk: ", "last: ") if case.startswith(p)), "")
         label = case[len(prefix) :]
         engine = next(cases for cases in ENGINE_CASES if label in cases)
         return median(prefix + engine[0]), median(prefix + engine[1])
