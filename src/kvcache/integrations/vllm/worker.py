@@ -7,9 +7,8 @@ before it are vLLM's own prefix-cache hit; a chunk's key names the whole
 prefix before it, so the chunks before are not read) into one host buffer,
 then writes the planned blocks with one indexed copy per layer. Whatever the
 pool no longer holds -- a chunk evicted, expired or damaged since the
-scheduler's lookup -- is not written:
-its blocks are reported by :meth:`WorkerSide.take_load_errors`, and vLLM
-recomputes them.
+scheduler's lookup -- is not written: its blocks are reported by
+:meth:`WorkerSide.take_load_errors`, and vLLM recomputes them.
 
 Stores leave the forward's critical path on the CPU: ``wait_for_save``
 hands them to one background thread and returns, so the step's sampling,
