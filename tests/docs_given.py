@@ -56,10 +56,25 @@ if "llama-cache" not in kvcache.list_pools():
     kvcache.create("llama-cache", "256M").close()
 """
 
+TINY_VLLM = """
+import os
+from pathlib import Path
+
+from kvcache.integrations.vllm.testmodel import build_model
+
+# a 4-layer Llama with random weights and a tokenizer trained here, as ./my-model; vLLM's
+# CPU backend given 1 GiB for KV, its engine run in this process
+build_model(Path("my-model"))
+os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+"""
+
 GIVEN = {
     # model, input_ids, token_ids, kv and the pool llama-cache
     "tiny_llama": Given(needs=("torch", "transformers"), code=TINY_LLAMA),
     # model.gguf, llm and the pool llama-cache
     "tiny_gguf": Given(needs=("llama_cpp", "gguf"), code=TINY_GGUF),
+    # ./my-model, for vLLM (whose own venv runs it: tests/integrations/vllm/test_docs_blocks.py)
+    "tiny_vllm": Given(needs=("vllm",), code=TINY_VLLM),
 }
 """Each given by the name a page gives it."""

@@ -106,12 +106,24 @@ def test_the_readme_stays_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
 
 
+def runs_with_vllm(page: Path) -> bool:
+    """Whether a page's blocks need vLLM: they run in vLLM's venv, beside its tests."""
+    return any(b.given and "vllm" in GIVEN[b.given].needs for b in blocks(page))
+
+
+PYTHON_PAGES = [
+    p for p in PAGES if any(b.language == "python" and not b.not_run for b in blocks(p))
+]
+
+
 @pytest.mark.parametrize(
-    "page",
-    [p for p in PAGES if any(b.language == "python" and not b.not_run for b in blocks(p))],
-    ids=lambda page: page.name,
+    "page", [p for p in PYTHON_PAGES if not runs_with_vllm(p)], ids=lambda page: page.name
 )
 def test_the_python_blocks_of_a_page_run(page: Path, disk: Path) -> None:
+    run_python_blocks(page, disk)
+
+
+def run_python_blocks(page: Path, disk: Path) -> None:
     """A page's Python blocks run in order in one interpreter, as a reader would paste them,
     each after what it is given, with pools in a folder of their own (``$KVCACHE_SHM_DIR``,
     on tmpfs) and ``$KVCACHE_HOME`` (the default folder of snapshots and disk pools) and

@@ -248,17 +248,17 @@ class Pool(TierMixin, RemoteMixin):
         flags |= VALUE_IS_ARRAY if encoded.is_array else 0
         fields = (flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes)
         under_lock = total <= INLINE_COPY_MAX_BYTES
-        if under_lock:  # summed before the lock is taken, so no lock hold grows by it
-            checksum = transfer.checksum(pieces, *fields)
+        # A small value is summed before the lock is taken, so no lock hold grows by it; a
+        # large one, copied without the lock, is summed in the same pass (read once).
+        checksum = transfer.checksum(pieces, *fields) if under_lock else None
 
-            def fill(targets: list[memoryview]) -> int:
+        def fill(targets: list[memoryview]) -> int:
+            nonlocal checksum
+            if checksum is not None:
                 transfer.scatter(targets, pieces)
                 return checksum
-
-        else:  # copied without the lock: summed in the same pass, the caller's bytes read once
-
-            def fill(targets: list[memoryview]) -> int:
-                return transfer.scatter_summed(targets, pieces, fields)
+            checksum = transfer.scatter_summed(targets, pieces, fields)
+            return checksum
 
         self._write(
             key_bytes,
@@ -274,6 +274,8 @@ class Pool(TierMixin, RemoteMixin):
         if self._below is not None:
             self._forget_below(key)  # an older value below must never resurface
         if self._remote is not None:
+            if checksum is None:  # not copied here (a prefix pool declined it)
+                checksum = transfer.checksum(pieces, *fields)
             stored = StoredEntry(
                 key_bytes,
                 flags,

@@ -581,23 +581,20 @@ def cmd_reserve_and_hold_lock(p: dict) -> dict:
 def cmd_die_mid_write(p: dict) -> dict:
     """White-box: put a large value and SIGKILL ourselves in the middle of its copy.
 
-    ``transfer.scatter`` is wrapped (in this child only) so that, on the
-    large-value path (outside the lock), it copies the first half of the bytes
-    and then the process kills itself: a WRITING entry is left whose owner is dead.
+    ``transfer.scatter_summed`` (the large-value path, copied outside the lock) is
+    wrapped (in this child only) so that it copies the first half of the bytes and then
+    the process kills itself: a WRITING entry is left whose owner is dead.
     """
     pool = kvcache.open(p["pool"])
-    original = kvcache.transfer.scatter
 
-    def scatter_then_die(targets: list, pieces: tuple) -> None:
-        if sum(len(piece) for piece in pieces) <= INLINE_COPY_MAX_BYTES:
-            original(targets, pieces)  # a small put, copied under the lock
-            return
+    def scatter_then_die(targets: list, pieces: tuple, fields: tuple) -> int:
         key, header, payload = pieces
         half = (key, header, payload[: len(payload) // 2])
-        original(targets, half)  # fills the first half of the entry's pages
+        kvcache.transfer.scatter(targets, half)  # fills the first half of the entry's pages
         os.kill(os.getpid(), signal.SIGKILL)
+        return 0
 
-    kvcache.transfer.scatter = scatter_then_die
+    kvcache.transfer.scatter_summed = scatter_then_die
     key = p["key"]
     pool.put(key, make_value(key, p["size"], np.random.default_rng(p["seed"])))
     return {"error": "survived its own SIGKILL"}
@@ -610,24 +607,24 @@ def cmd_pause_mid_write(p: dict) -> dict:
     when a process that wrongly judged this writer dead would reclaim its pages.
     """
     pool = kvcache.open(p["pool"])
-    original = kvcache.transfer.scatter
+    original = kvcache.transfer.scatter_summed  # the large-value path, outside the lock
 
-    def scatter_with_a_pause(targets: list, pieces: tuple) -> None:
+    def scatter_with_a_pause(targets: list, pieces: tuple, fields: tuple) -> int:
         key, header, payload = pieces
         half = len(payload) // 2
-        original(targets, (key, header, payload[:half]))
+        kvcache.transfer.scatter(targets, (key, header, payload[:half]))
         _say("copying")
         sys.stdin.readline()
-        original(targets, (key, header, payload))
+        return original(targets, pieces, fields)
 
-    kvcache.transfer.scatter = scatter_with_a_pause
+    kvcache.transfer.scatter_summed = scatter_with_a_pause
     key = p["key"]
     value = make_value(key, p["size"], np.random.default_rng(p["seed"]))
     try:
         pool.put(key, value)
     except kvcache.KVCacheError as exc:  # e.g. the pool was destroyed during the copy
         return {"error": type(exc).__name__, "message": str(exc)}
-    kvcache.transfer.scatter = original
+    kvcache.transfer.scatter_summed = original
     problem = verify(key, pool.get(key))
     pool.close()
     return {"problem": problem}

@@ -30,19 +30,29 @@ class CrashingConnector(KVCacheConnector):
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         super().register_kv_caches(kv_caches)
-        scatter = transfer.scatter
+        scatter, scatter_summed = transfer.scatter, transfer.scatter_summed
         puts = {"count": 0}
         crash_at = int(os.environ.get("CRASH_AT_PUT", "3"))
 
-        def scatter_then_die(targets: list[Any], pieces: tuple[Any, ...]) -> None:
+        def die_if_due(targets: list[Any], pieces: tuple[Any, ...]) -> None:
             puts["count"] += 1
             if puts["count"] == crash_at:
                 torn = bytes(pieces[-1])[: len(pieces[-1]) // 2]
                 scatter(targets, (*pieces[:-1], torn))
                 os.kill(os.getpid(), signal.SIGKILL)
+
+        def scatter_then_die(targets: list[Any], pieces: tuple[Any, ...]) -> None:
+            die_if_due(targets, pieces)  # a small value, copied under the lock
             scatter(targets, pieces)
 
+        def scatter_summed_then_die(
+            targets: list[Any], pieces: tuple[Any, ...], fields: tuple[int, int, int, int]
+        ) -> int:
+            die_if_due(targets, pieces)  # a large one, copied (and summed) without it
+            return scatter_summed(targets, pieces, fields)
+
         transfer.scatter = scatter_then_die  # type: ignore[assignment]
+        transfer.scatter_summed = scatter_summed_then_die  # type: ignore[assignment]
 
 
 class VanishingConnector(KVCacheConnector):
