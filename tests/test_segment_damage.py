@@ -312,7 +312,7 @@ def test_damaged_policy_in_the_header_is_written_back() -> None:
 
 # ------------------------------------------------------------------- the fuzz
 
-HEADER_FIELDS = list(HEADER_DTYPE.names)
+HEADER_FIELDS = [n for n in HEADER_DTYPE.names if not HEADER_DTYPE[n].shape]  # one word each
 ENTRY_FIELDS = list(ENTRY_DTYPE.names)
 INTS = [0, 1, -1, 2, 63, 64, 255, 256, 257, 511, 512, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63)]
 FLOATS = [0.0, -1.0, 1.0, math.nan, math.inf, -math.inf, 1e300, -1e300, 5e-324]

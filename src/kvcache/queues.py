@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import ENTRY_WORDS, E, H, Views
+from .errors import corrupt
+from .layout import ENTRY_WORDS, READY, E, H, Views
 from .tree import ChunkTree
 
 PROBATION, MAIN = 1, 0
@@ -73,7 +74,7 @@ class EntryQueues:
     def unlink(self, eid: int) -> None:
         """Take entry ``eid`` out of its list, if it is in one."""
         q, h, base = self._q, self._h, eid * ENTRY_WORDS
-        kind = q[base + E.probation]
+        kind = _kind(q[base + E.probation], eid)
         prev, after = q[base + E.queue_prev], q[base + E.queue_next]
         if not prev and not after and h[_HEAD[kind]] != eid + 1:
             return  # in no list
@@ -97,7 +98,7 @@ class EntryQueues:
         """Put entry ``eid`` where ``old`` is, taking ``old`` out (a key stored again keeps
         its place in its queue)."""
         q, h, old_base = self._q, self._h, old * ENTRY_WORDS
-        kind = q[old_base + E.probation]
+        kind = _kind(q[old_base + E.probation], old)
         prev, after = q[old_base + E.queue_prev], q[old_base + E.queue_next]
         if not prev and not after and h[_HEAD[kind]] != old + 1:
             self.push(eid, kind)  # old is in no list
@@ -116,12 +117,29 @@ class EntryQueues:
         q[old_base + E.queue_prev] = q[old_base + E.queue_next] = 0
 
     def tail(self, kind: int) -> int:
-        """The entry at the tail of list ``kind`` (the next victim), or -1."""
-        return self._h[_TAIL[kind]] - 1
+        """The entry at the tail of list ``kind`` (the next victim), or -1.
+
+        Raises:
+            CorruptPoolError: the tail is not a live entry (damaged lists; a victim
+                that cannot be evicted would be chosen again and again).
+        """
+        eid = self._h[_TAIL[kind]] - 1
+        if eid >= 0 and (
+            eid * ENTRY_WORDS >= len(self._q) or self._q[eid * ENTRY_WORDS + E.state] != READY
+        ):
+            raise corrupt("queue lists: a list's tail is not a live entry")
+        return eid
 
     def clear(self) -> None:
         for word in (*_HEAD.values(), *_TAIL.values()):
             self._h[word] = 0
+
+
+def _kind(word: int, eid: int) -> int:
+    """Entry ``eid``'s list (its ``probation`` word), which damage may have made neither."""
+    if word not in _HEAD:
+        raise corrupt(f"queue lists: entry {eid} is in list {word}, neither probation nor main")
+    return word
 
 
 class GhostQueue:

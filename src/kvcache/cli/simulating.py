@@ -52,10 +52,18 @@ def simulate(args: argparse.Namespace, out: Output) -> dict[str, object]:
             "PREFIX-HIT TOKENS",
             "PREFILL SAVED",
             "EVICTIONS",
-            "EVICTED, ASKED AGAIN",
         ),
         _rows(outcomes, trace, block_bytes, args.prefill_rate),
         right=("BLOCK HITS", "OF OPT", "PREFIX-HIT TOKENS", "PREFILL SAVED", "EVICTIONS"),
+    )
+    out.table(
+        ("BLOCKS", "POLICY", "EVICTED, ASKED AGAIN", "HALF WITHIN"),
+        [row for o in outcomes if (row := _regret(o))],
+        right=("BLOCKS", "EVICTED, ASKED AGAIN", "HALF WITHIN"),
+    )
+    out.line(
+        "eviction regret: of the evicted blocks sampled, the share asked for again, and the "
+        "accesses (puts and hits) after their eviction by which half of those were"
     )
     out.line(
         f"prefill saved is reckoned at {args.prefill_rate:,} tokens/s (--prefill-rate); "
@@ -140,20 +148,24 @@ def _rows(
                 f"{o.hit_tokens:,} ({o.token_ratio:.1%})",
                 f"{o.saved_seconds(rate):,.0f} s",
                 f"{o.evictions:,}",
-                _regret(o),
             )
         )
     return rows
 
 
-def _regret(o: sim.Outcome) -> str:
-    """Of the evicted blocks sampled, the share asked for again, and how soon (median)."""
+def _regret(o: sim.Outcome) -> tuple[object, ...] | None:
+    """A row of eviction regret: of the evicted blocks sampled, the share asked for again,
+    and the accesses by which half of those were (None for OPT)."""
     summary = o.regret_summary()
-    if summary is None or not summary["asked_again"]:
-        return "-"
-    after = summary["p50_accesses"]
-    soon = f"half within {after:,.0f} accesses" if after is not None else "later"
-    return f"{summary['share_asked_again']:.0%}, {soon}"
+    if summary is None:
+        return None
+    after = summary["p50_accesses"] if summary["asked_again"] else None
+    return (
+        f"{o.capacity_blocks:,}",
+        o.policy,
+        f"{summary['share_asked_again']:.0%}",
+        f"{after:,.0f} accesses" if after is not None else "-",
+    )
 
 
 def _pyplot(path: str) -> object:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import corrupt
 from ..queues import MAIN, PROBATION, Queues
 from .base import Columns, ScoreContext
 from .s3fifo import MAX_READS, SMALL_SHARE
@@ -87,21 +88,24 @@ class Prefix:
         """The entry to evict now (the pool is full), after the moves that find it; it and,
         from probation, the chunks below it become ghosts."""
         lists = queues.lists
+        # Each move undoes a read (at most MAX_READS per entry): more moves than that
+        # means damaged lists (a loop), which must raise rather than spin under the lock.
+        moves = (MAX_READS + 1) * (queues.num_live + 1)
         if (queues.num_probation and queues.num_probation >= max(1.0, target(queues))) or (
             not queues.num_main
         ):
-            while (oldest := lists.tail(PROBATION)) >= 0:
+            while (oldest := lists.tail(PROBATION)) >= 0 and (moves := moves - 1):
                 if not queues.reads(oldest):
                     return remember(queues, oldest, PROBATION)
                 queues.set_reads(oldest, 0)  # read while on probation: to main
                 lists.move(oldest, MAIN)
-        while True:
-            oldest = lists.tail(MAIN)
+        while (oldest := lists.tail(MAIN)) >= 0 and (moves := moves - 1):
             reads = queues.reads(oldest)
             if not reads:
                 return remember(queues, oldest, MAIN)
             queues.set_reads(oldest, reads - 1)
             lists.move(oldest, MAIN)
+        raise corrupt("queue lists: no entry to evict, or a list that loops")
 
 
 def remember(queues: Queues, victim: int, kind: int) -> int:
