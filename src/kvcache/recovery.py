@@ -463,6 +463,7 @@ def rebuild(parts: Parts) -> None:
     tree.rebuild(v.entries, ready)
     if get_policy(parts.config.policy).uses_queues:
         queues.rebuild(v, ready)
-    else:
+    else:  # no queues: no entry is on probation, whatever a damaged word says
+        v.entries["probation"][:] = 0
         h[H.num_probation] = 0
     v.header_d[H.next_expiry_at] = _earliest_expiry(v, survey.ready)
