@@ -73,8 +73,8 @@ def test_one_pass_sums_and_copies_as_the_two_passes_do(
 @compiled
 def test_scatter_summed_matches_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(1)
-    pieces = (b"key", b"header", rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes())
-    fields = (1, 3, 6, 3 << 20)
+    pieces = (b"key", b"header", rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
+    fields = (1, 3, 6, 1 << 20)  # within transfer.ONE_PASS_MAX_BYTES
     results = []
     for path in (native.sum_and_copy, None):  # compiled, then the pure-Python twin
         monkeypatch.setattr(native, "sum_and_copy", path)
@@ -84,7 +84,7 @@ def test_scatter_summed_matches_the_pure_path(monkeypatch: pytest.MonkeyPatch) -
     assert results[0] == results[1]
     assert results[0][0] == transfer.checksum(pieces, *fields)
     # negative control: another field changes the sum
-    assert results[0][0] != transfer.checksum(pieces, 0, 3, 6, 3 << 20)
+    assert results[0][0] != transfer.checksum(pieces, 0, 3, 6, 1 << 20)
 
 
 @compiled
