@@ -37,6 +37,7 @@ Everything is changed under the pool lock, so every process adds to one sample.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -92,8 +93,9 @@ class RegretSample:
         h[base + 2] = h[H.clock]
         h[H.regret_next] = position + 1
 
-    def request(self, lo: int, hi: int, now_s: float) -> None:
-        """A key the pool does not hold is asked for: count its gap if it was evicted lately."""
+    def request(self, lo: int, hi: int, clock: Callable[[], float]) -> None:
+        """A key the pool does not hold is asked for: count its gap if it was evicted lately
+        (``clock`` is read only for a sampled key)."""
         if hi & self._mask:
             return
         # a numpy view made per call: one kept would pin the mapping open after close
@@ -104,7 +106,7 @@ class RegretSample:
             return
         h, d = self._h, self._hd
         base = self._ring + int(found[0]) * RECORD_WORDS
-        seconds = max(0.0, now_s - d[base + 1])
+        seconds = max(0.0, clock() - d[base + 1])
         accesses = max(0, h[H.clock] - h[base + 2])
         h[base] = 0
         h[H.regret_seconds + bucket(seconds, SECONDS_BOUNDS)] += 1

@@ -108,13 +108,16 @@ class Table:
 
     # ---------------------------------------------------------------- lookups
 
-    def find(self, key_bytes: bytes, *, read_ahead: bool = False) -> int:
+    def find(
+        self, key_bytes: bytes, *, read_ahead: bool = False, hashed: tuple[int, int] | None = None
+    ) -> int:
         """The READY entry holding exactly ``key_bytes``, or -1.
 
         ``read_ahead`` (a disk pool's get): ask for the entry's pages before its
-        key is compared, so the key and the value arrive in one read.
+        key is compared, so the key and the value arrive in one read. ``hashed``:
+        the key's ``key_hash``, where the caller has it.
         """
-        eid = self.index.find(*key_hash(key_bytes))
+        eid = self.index.find(*(hashed or key_hash(key_bytes)))
         if eid < 0:
             return -1
         if read_ahead:
@@ -156,7 +159,8 @@ class Table:
 
     def lookup(self, key_bytes: bytes, *, count: bool, read_ahead: bool = False) -> int:
         """``find``, dropping an expired entry, counting a hit or miss and touching on a hit."""
-        eid = self.find(key_bytes, read_ahead=read_ahead)
+        hashed = key_hash(key_bytes)  # once: a miss also asks the regret sample
+        eid = self.find(key_bytes, read_ahead=read_ahead, hashed=hashed)
         h = self.hq
         if eid >= 0:
             base = eid * ENTRY_WORDS
@@ -169,7 +173,7 @@ class Table:
             return eid
         if eid < 0:
             h[H.misses] += 1
-            self.regret.request(*key_hash(key_bytes), self.clock())
+            self.regret.request(*hashed, self.clock)
             return -1
         h[H.hits] += 1
         clock = h[H.clock] + 1
@@ -276,7 +280,7 @@ class Table:
         lo, hi = key_hash(key_bytes)
         new_key = fresh and self.index.find(lo, hi) < 0
         if new_key:
-            self.regret.request(lo, hi, self.clock())
+            self.regret.request(lo, hi, self.clock)
         if parent is not None and self.find(parent) < 0:
             if self.sketch is not None and fresh:
                 self.sketch.add(lo, hi)  # asked for all the same
@@ -291,7 +295,7 @@ class Table:
                 recalled = RECALL_AT_ADMIT
         if self.sketch is not None and fresh:
             count = candidate = float(self.sketch.add(lo, hi))
-            if self.index.find(lo, hi) >= 0:
+            if not new_key:
                 candidate = None  # stored again: it was admitted before
         try:
             if not self.make_room(num_pages, candidate=candidate, recalled=recalled):
