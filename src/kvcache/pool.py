@@ -249,7 +249,7 @@ class Pool(TierMixin, RemoteMixin):
         fields = (flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes)
         under_lock = total <= INLINE_COPY_MAX_BYTES
         # A small value is summed before the lock is taken, so no lock hold grows by it; a
-        # large one, copied without the lock, is summed in the same pass (read once).
+        # large one is summed as it is copied, without the lock (transfer.scatter_summed).
         checksum = transfer.checksum(pieces, *fields) if under_lock else None
 
         def fill(targets: list[memoryview]) -> int:
