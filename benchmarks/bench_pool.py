@@ -810,7 +810,8 @@ def worst_puts(policy: str, settings: Settings) -> tuple[np.ndarray, int]:
                 start = clock()
                 put(key, value)
                 times[number] = clock() - start
-        compactions = pool._queues.ghosts.num_compactions if pool._queues else 0
+        queues = pool._engine.table.queues
+        compactions = queues.ghosts.num_compactions if queues else 0
     return times, compactions
 
 
