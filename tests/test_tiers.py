@@ -235,7 +235,7 @@ def test_an_upper_pool_works_alone_while_its_lower_pool_is_missing(chain, monkey
         assert alone.get("k99") == value_of(99) and alone.stats().spills == 0
         monkeypatch.setattr(tiers, "REOPEN_INTERVAL_S", 0.0)
         kvcache.create(lower, "1M", page_size=PAGE).close()  # back: the chain is followed again
-        alone._below._retry_at = 0.0  # white-box: skip the wait rather than sleep
+        alone._chain.below._retry_at = 0.0  # white-box: skip the wait rather than sleep
         fill(alone, 100, prefix="again")
         assert alone.stats().spills > 0
 

@@ -45,7 +45,6 @@ from .layout import (
 )
 from .pool import Pool
 from .remote import RemoteLink, RemoteSpec
-from .remote.mixin import attach as attach_remote
 from .remote.reach import check_reachable, remote_spec
 from .settings import NONE as NO_SETTINGS
 from .settings import PoolSettings, read_settings, remove_settings, write_settings
@@ -320,9 +319,10 @@ def _open_unchained(name: str, how: _Handles) -> Pool:
 def _follow_chain_of_top(pool: Pool, how: _Handles) -> None:
     """Attach the remote a pool opened by a caller names, then its chain of lower pools."""
     spec = stored_remote(pool)
-    count = _ignore_counts if how.observe else pool._count_remote
+    count = _ignore_counts if how.observe else pool.count_remote
     link = None if spec is None else RemoteLink(spec, count, max_entry_bytes=pool.config.size_bytes)
-    attach_remote(pool, link, top=True, bottom=False)
+    if link is not None:
+        pool.attach_remote(link, top=True, bottom=False)
     _follow_chain(pool, dataclasses.replace(how, remote=link), ())
 
 
@@ -336,7 +336,8 @@ def _follow_chain(pool: Pool, how: _Handles, above: tuple[str, ...]) -> None:
     the bottom pool of the chain demotes to the top pool's remote, if it has one."""
     target = stored_spill_to(pool)
     if target is None:
-        attach_remote(pool, how.remote, top=False, bottom=True)
+        if how.remote is not None:
+            pool.attach_remote(how.remote, top=False, bottom=True)
         return
     chain = (*above, pool.name)
 

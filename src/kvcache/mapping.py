@@ -1,41 +1,29 @@
-"""The ``dict`` side of a ``Pool``: pop, clear, touch, ttl and the key/item/value views.
+"""The ``dict`` side of a ``Pool``: the key list and the item and value views.
 
-``MappingMixin`` holds what ``Pool`` adds to ``put``/``get``/``delete`` to be
-a ``collections.abc.MutableMapping`` (and what diskcache and cachetools users
-expect: ``touch``, ``ttl``, ``clear`` returning a count), each a call of the
-store's upkeep (``kvcache.engine.upkeep``), kept apart so that the pool module
-reads as the put/get paths.
-
-The standard views do not suit a mapping that other processes change while
-it is iterated: the
-mixins look each key up with ``pool[key]``, which raises ``KeyError`` for a
-key that another process removed in the meantime, and they compare values
-with ``==``, which is ambiguous for numpy arrays. The views here read each
-value only when iteration reaches it (nothing is copied up front, and no lock
-is held while the caller's loop runs) and skip keys that vanished.
+``Pool`` is a ``collections.abc.MutableMapping``; what the standard mixins
+would do by listing or copying the whole pool, it does itself (``pop``,
+``popitem``, ``clear``, ``touch`` and ``ttl`` through its chain). The
+standard views do not suit a mapping that other processes change while it is
+iterated: they look each key up with ``pool[key]``, which raises ``KeyError``
+for a key that another process removed in the meantime, and they compare
+values with ``==``, which is ambiguous for numpy arrays. The views here read
+each value only when iteration reaches it (nothing is copied up front, and no
+lock is held while the caller's loop runs) and skip keys that vanished.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 from collections import abc
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import numpy as np
-
-from .config import PoolConfig
-from .engine import Store, upkeep
-from .errors import reports_damage
-from .keys import Key
-from .units import parse_duration
 
 K = TypeVar("K")
 V = TypeVar("V")
 Default = TypeVar("Default")
 Value = bytes | np.ndarray
-_NO_DEFAULT: object = object()
+NO_DEFAULT: object = object()
 """``pop``'s default when none is given: a miss raises KeyError, as dict's does."""
 
 
@@ -120,103 +108,3 @@ class ValuesView(abc.ValuesView[V]):
 
     def __contains__(self, value: object) -> bool:
         return any(same_value(mine, value) for mine in self)
-
-
-class MappingMixin(abc.MutableMapping[Key, Value]):
-    """``Pool``'s mapping methods beyond put/get/delete, over its store (``kvcache.engine``)."""
-
-    config: PoolConfig
-    _engine: Store
-
-    @overload
-    def pop(self, key: Key) -> Value: ...
-    @overload
-    def pop(self, key: Key, default: Default) -> Value | Default: ...
-    @reports_damage
-    def pop(self, key: Key, default: object = _NO_DEFAULT) -> object:
-        """Remove ``key`` and return its value; ``default`` on a miss, KeyError without one.
-
-        The value returned is the one removed: the entry's generation is noted
-        before the copy and the entry is removed only if it is unchanged after
-        it, so a value another process puts meanwhile is neither returned
-        unremoved nor removed unreturned. Counted in stats as a read (a hit or
-        a miss); an entry overtaken ``READ_ATTEMPTS`` times is a miss.
-        """
-        value = upkeep.take(self._engine, key)
-        if value is not None:
-            return value
-        if default is _NO_DEFAULT:
-            raise KeyError(key)
-        return default
-
-    @reports_damage
-    def popitem(self) -> tuple[Key, Value]:
-        """Remove and return some (key, value) pair; KeyError when the pool is empty.
-
-        Which pair is unspecified. Overrides the mixin, which lists every key
-        first and takes a key another process removed meanwhile for an empty pool.
-        """
-        while True:
-            key = upkeep.any_key(self._engine)
-            if key is None:
-                raise KeyError("popitem(): the pool is empty")
-            with contextlib.suppress(KeyError):  # gone meanwhile, or expired: take another
-                return key, self.pop(key)
-
-    @reports_damage
-    def clear(self) -> int:  # type: ignore[override]  # also returns the count, as diskcache's
-        """Remove every entry; return how many were removed.
-
-        Removes the entries there when it starts (a value put meanwhile may
-        survive), ``engine.eviction.EVICT_BATCH`` per lock hold, like ``evict``, so that other
-        processes are never stalled for the whole pool. Like ``delete``, and
-        unlike eviction and expiry, it is not counted in ``stats``.
-        """
-        return upkeep.clear(self._engine)
-
-    @reports_damage
-    def touch(self, key: Key, ttl: float | str | None = None) -> bool:
-        """Give ``key`` a new expiry, keeping its value; return whether it was there.
-
-        Args:
-            ttl: as for ``put``: seconds (or ``"10m"``) from now; None for the
-                pool's ``default_ttl_s``, which on a pool without one means
-                never (as diskcache's ``touch(key, expire=None)``).
-
-        Raises:
-            InvalidArgument: bad key or ttl.
-        """
-        ttl_s = self.config.default_ttl_s if ttl is None else parse_duration(ttl, what="ttl")
-        return upkeep.touch(self._engine, key, ttl_s)
-
-    @reports_damage
-    def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
-        """The keys of all live (unexpired) entries now, in no particular order."""
-        return KeyList(upkeep.keys(self._engine))
-
-    def items(self) -> ItemsView[Key, Value]:
-        """(key, value) pairs of the keys live now, each value read when iteration reaches it.
-
-        No lock is held while the caller iterates and values are not copied up
-        front; a key removed meanwhile is skipped. Each value is read as by
-        ``get`` (a hit in ``stats``, and recency for the policy).
-        """
-        return ItemsView(self)
-
-    def values(self) -> ValuesView[Value]:
-        """The values of the keys live now, read one by one as ``items()`` reads them."""
-        return ValuesView(self)
-
-    @reports_damage
-    def ttl(self, key: Key) -> float | None:
-        """Seconds until ``key`` expires, or None if it never does (no effect on stats).
-
-        Raises:
-            KeyError: no live entry for ``key`` (like ``pool[key]``); a None
-                here would read as "never expires".
-        """
-        expires_at = upkeep.expiry(self._engine, key)
-        now = self._engine.clock()
-        if expires_at <= now:
-            raise KeyError(key)
-        return None if expires_at == math.inf else expires_at - now

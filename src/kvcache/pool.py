@@ -1,11 +1,11 @@
 """The Pool: the public face of a pool, over one engine and its chain of tiers.
 
 A ``Pool`` holds the ``Store`` of its own segment (``kvcache.engine``: entries,
-lock, eviction, repair) and the tiers below it: lower pools it spills to and
-promotes from (``kvcache.tiers``) and a remote (``kvcache.remote``). It turns
-keys and values into encoded bytes, asks its store first and the tiers below on
-a miss, and keeps the mapping conventions (``kvcache.mapping``), the latency
-sampling (``kvcache.counters``) and the access log (``kvcache.settings``).
+lock, eviction, repair) and the ``Chain`` of tiers under it (``kvcache.chain``:
+lower pools it spills to and promotes from, and a remote). It turns keys and
+values into encoded bytes, asks its store first and its chain on a miss, and
+keeps the mapping conventions (``kvcache.mapping``), the latency sampling
+(``kvcache.counters``) and the access log (``kvcache.settings``).
 
 A ``put`` or ``get`` makes one call into the store, through a method bound
 once at open, not a chain of delegations (each level would cost about 0.1 us,
@@ -19,6 +19,7 @@ import math
 import os
 import time
 import weakref
+from collections import abc
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +29,7 @@ import numpy as np
 
 from . import codec, segment, transfer
 from .accesslog import AccessLog, LogSpec
+from .chain import Chain
 from .config import PoolConfig
 from .counters import GET, PUT, Latency, sample_every
 from .engine import INLINE_COPY_MAX_BYTES, Store, closing, upkeep
@@ -41,12 +43,13 @@ from .errors import (
 from .keys import Key, encode_key
 from .layout import PRIORITY_LIMIT, VALUE_IS_ARRAY, Geometry, H
 from .lock import closed_error
-from .mapping import Default, Value
-from .remote.mixin import RemoteMixin
-from .reports import EntryInfo, EvictionResult, PoolMetrics, PoolStats
-from .settings import FollowedLog
+from .mapping import NO_DEFAULT, Default, ItemsView, KeyList, Value, ValuesView
+from .remote import RemoteLink
+from .remote.tier import add_counts, read_counts
+from .reports import EntryInfo, EvictionResult, PoolMetrics, PoolStats, RemoteStats
+from .settings import FollowedLog, read_settings
 from .stored import EntryRef, StoredEntry
-from .tiers import TierMixin
+from .tiers import Below
 from .units import parse_duration
 
 __all__ = ["ENTRY_SORTS", "INLINE_COPY_MAX_BYTES", "Pool"]
@@ -56,7 +59,7 @@ Timed = TypeVar("Timed")
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
-class Pool(TierMixin, RemoteMixin):
+class Pool(abc.MutableMapping[Key, Value]):
     """A named KV-cache pool in shared memory; use :func:`create` or :func:`open`.
 
     Safe to share between threads; every process that opens the same name sees
@@ -64,11 +67,11 @@ class Pool(TierMixin, RemoteMixin):
     ``key in pool``, ``len(pool)``, ``get``, ``pop``, ``items()``, ``update``,
     ...) and a context manager (``with`` closes it).
 
-    It inherits from ``MutableMapping`` (through ``mapping.MappingMixin``)
-    rather than registering with it, so that type checkers accept a pool where
-    a mapping is expected; every mixin method that would copy the whole pool,
-    or race with other processes, is overridden (``clear``, ``pop``,
-    ``popitem``, the views in ``kvcache.mapping``; ``==`` here).
+    It inherits from ``MutableMapping`` rather than registering with it, so
+    that type checkers accept a pool where a mapping is expected; every mixin
+    method that would copy the whole pool, or race with other processes, is
+    overridden (``clear``, ``pop``, ``popitem``, the views in
+    ``kvcache.mapping``, ``==``).
     ``setdefault`` and ``update`` are the mixins': they store with ``put``'s
     defaults (priority 0, the pool's ttl), and ``setdefault`` is a get then a
     put, so two processes racing on one key may both store.
@@ -107,8 +110,9 @@ class Pool(TierMixin, RemoteMixin):
         )
         self.verify_reads = engine.verify_reads
         self._observing = observe
-        self._below = None  # set by lifecycle.open when the header names one
-        self._promote = engine.views.header_q[H.promote]
+        # lifecycle attaches the tiers the header and settings name
+        self._chain = Chain(engine)
+        self._chained = False  # whether a miss or a put goes on to the chain: one test
         # bound once: put and get make one call into the engine, not two
         self._read, self._write = engine.read, engine.write
         self._max_bytes = engine.max_bytes
@@ -163,7 +167,8 @@ class Pool(TierMixin, RemoteMixin):
     def lower(self) -> Pool | None:
         """The lower pool, open, or None (no chain, or the lower pool is missing)."""
         # lifecycle opens every tier below a pool as a Pool
-        return None if self._below is None else cast("Pool | None", self._below.pool)
+        below = self._chain.below
+        return None if below is None else cast("Pool | None", below.pool)
 
     def chain(self) -> Iterator[Pool]:
         """This pool and every open pool below it, top first."""
@@ -271,21 +276,8 @@ class Pool(TierMixin, RemoteMixin):
             under_lock=under_lock,
             parent=parent_bytes,
         )
-        if self._below is not None:
-            self._forget_below(key)  # an older value below must never resurface
-        if self._remote is not None:
-            if checksum is None:  # not copied here (a prefix pool declined it)
-                checksum = transfer.checksum(pieces, *fields)
-            stored = StoredEntry(
-                key_bytes,
-                flags,
-                len(encoded.header),
-                encoded.payload.nbytes,
-                priority,
-                expires_at,
-                checksum,
-            )
-            self._remote_after_put(stored, pieces)
+        if self._chained:
+            self._chain.after_put(key, key_bytes, fields, priority, expires_at, checksum, pieces)
 
     def __setitem__(self, key: Key, value: Value) -> None:
         self.put(key, value)
@@ -295,9 +287,7 @@ class Pool(TierMixin, RemoteMixin):
         """Remove ``key``; return whether it was there."""
         key_bytes, _ = encode_key(key)
         here = self._engine.delete(key_bytes)
-        below = self._below is not None and self._forget_below(key)
-        if self._remote is not None:
-            self._remote.delete(key_bytes)  # queued: the remote's answer is not waited for
+        below = self._chained and self._chain.delete_below(key, key_bytes)
         return here or below
 
     def __delitem__(self, key: Key) -> None:
@@ -316,10 +306,8 @@ class Pool(TierMixin, RemoteMixin):
         if not self._gets_left:
             return self._timed(GET, self.get, key, default)
         value = self._read(key, transfer.materialise)
-        if value is None and self._below is not None:
-            value = self._read_below(key, transfer.materialise)
-        if value is None and self._remote is not None:
-            value = self._read_remote(key, transfer.materialise)
+        if value is None and self._chained:
+            value = self._chain.read_missed(key, transfer.materialise)
         return default if value is None else value
 
     def get_into(self, key: Key, buffer: object) -> int | None:
@@ -353,10 +341,8 @@ class Pool(TierMixin, RemoteMixin):
         if not self._gets_left:
             return self._timed(GET, self.get_into, key, buffer)
         length = self._read(key, copy)
-        if length is None and self._below is not None:
-            length = self._read_below(key, copy)
-        if length is None and self._remote is not None:
-            length = self._read_remote(key, copy)
+        if length is None and self._chained:
+            length = self._chain.read_missed(key, copy)
         return length
 
     def __getitem__(self, key: Key) -> Value:
@@ -368,18 +354,13 @@ class Pool(TierMixin, RemoteMixin):
     @reports_damage
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` has a live value (no effect on stats or recency)."""
-        if not isinstance(key, (str, bytes)):
-            return False
-        if self.in_local_tiers(key):
-            return True
-        return self._remote is not None and self._remote.exists([encode_key(key)[0]])[0]
+        return isinstance(key, (str, bytes)) and self._chain.contains(key)
 
     @reports_damage
     def in_local_tiers(self, key: Key) -> bool:
         """Whether ``key`` has a live value here or in a pool below, without asking the
         remote tier (``in`` asks it too: a round trip)."""
-        here = self._engine.contains(encode_key(key)[0])
-        return here or (self._below is not None and self._contains_below(key))
+        return self._chain.in_local_tiers(key)
 
     @reports_damage
     def note_asked(self, keys: Sequence[Key]) -> None:
@@ -392,8 +373,7 @@ class Pool(TierMixin, RemoteMixin):
     @reports_damage
     def __len__(self) -> int:
         # Across the chain; a key in the middle of a move counts twice for that moment.
-        here = upkeep.num_live(self._engine)
-        return here + (self._len_below() if self._below is not None else 0)
+        return upkeep.num_live(self._engine) + self._chain.num_below()
 
     @reports_damage
     def entries(self, sort: str = "lru", limit: int | None = None) -> list[EntryInfo]:
@@ -411,6 +391,183 @@ class Pool(TierMixin, RemoteMixin):
 
     def __iter__(self) -> Iterator[Key]:
         return iter(self.keys())
+
+    # ------------------------------------------ the mapping's rest, chain-wide
+
+    @reports_damage
+    def keys(self) -> KeyList[Key]:  # type: ignore[override]  # a list and a set, see KeyList
+        """The keys of all live (unexpired) entries now, here and in the pools below, each
+        once, in no particular order."""
+        return KeyList(self._chain.keys())
+
+    def items(self) -> ItemsView[Key, Value]:
+        """(key, value) pairs of the keys live now, each value read when iteration reaches it.
+
+        No lock is held while the caller iterates and values are not copied up
+        front; a key removed meanwhile is skipped. Each value is read as by
+        ``get`` (a hit in ``stats``, and recency for the policy).
+        """
+        return ItemsView(self)
+
+    def values(self) -> ValuesView[Value]:
+        """The values of the keys live now, read one by one as ``items()`` reads them."""
+        return ValuesView(self)
+
+    @overload
+    def pop(self, key: Key) -> Value: ...
+    @overload
+    def pop(self, key: Key, default: Default) -> Value | Default: ...
+    @reports_damage
+    def pop(self, key: Key, default: object = NO_DEFAULT) -> object:
+        """Remove ``key`` from every tier and return its value; ``default`` on a miss,
+        KeyError without one.
+
+        The value returned is the one removed: the entry's generation is noted
+        before the copy and the entry is removed only if it is unchanged after
+        it, so a value another process puts meanwhile is neither returned
+        unremoved nor removed unreturned. Counted in stats as a read (a hit or
+        a miss); an entry overtaken ``READ_ATTEMPTS`` times is a miss.
+        """
+        value = self._chain.pop(key)
+        if value is not None:
+            return value
+        if default is NO_DEFAULT:
+            raise KeyError(key)
+        return default
+
+    @reports_damage
+    def popitem(self) -> tuple[Key, Value]:
+        """Remove and return some (key, value) pair, from this pool first, then from below;
+        KeyError when the pool is empty.
+
+        Which pair is unspecified. Overrides the mixin, which lists every key
+        first and takes a key another process removed meanwhile for an empty pool.
+        """
+        return self._chain.popitem()
+
+    @reports_damage
+    def clear(self) -> int:  # type: ignore[override]  # also returns the count, as diskcache's
+        """Remove every entry of every tier; return how many were removed.
+
+        Removes the entries there when it starts (a value put meanwhile may
+        survive), ``engine.eviction.EVICT_BATCH`` per lock hold, like ``evict``, so that other
+        processes are never stalled for the whole pool. Like ``delete``, and
+        unlike eviction and expiry, it is not counted in ``stats``.
+        """
+        return self._chain.clear()
+
+    @reports_damage
+    def touch(self, key: Key, ttl: float | str | None = None) -> bool:
+        """Give ``key`` a new expiry in whichever tier holds it, keeping its value; return
+        whether it was there.
+
+        Args:
+            ttl: as for ``put``: seconds (or ``"10m"``) from now; None for the
+                pool's ``default_ttl_s``, which on a pool without one means
+                never (as diskcache's ``touch(key, expire=None)``).
+
+        Raises:
+            InvalidArgument: bad key or ttl.
+        """
+        return self._chain.touch(key, ttl)
+
+    @reports_damage
+    def ttl(self, key: Key) -> float | None:
+        """Seconds until ``key`` expires (from whichever tier holds it), or None if it never
+        does (no effect on stats).
+
+        Raises:
+            KeyError: no live entry for ``key`` (like ``pool[key]``); a None
+                here would read as "never expires".
+        """
+        return self._chain.ttl(key)
+
+    # ------------------------------------------------------------ the chain
+
+    def attach_below(self, below: Below) -> None:
+        """Make ``below`` the lower pool: what this pool evicts spills there first."""
+        self._chain.attach_below(below)
+        self._chained = self._chain.reaches_further
+
+    def attach_remote(self, link: RemoteLink, *, top: bool, bottom: bool) -> None:
+        """Give this pool its part of its chain's remote ``link``: read and write through it
+        (``top``: the pool a caller opened), demote what it evicts to it (``bottom``)."""
+        self._chain.attach_remote(link, top=top, bottom=bottom)
+        self._chained = self._chain.reaches_further
+
+    @property
+    def spill_to(self) -> str | None:
+        """The name of the lower pool evicted entries move to, or None."""
+        below = self._chain.below
+        return None if below is None else below.name
+
+    @property
+    def promote(self) -> str:
+        """What a hit below does: ``"hit"`` moves the entry up here, ``"never"`` reads it there."""
+        return self._chain.promote
+
+    @property
+    def lower_problem(self) -> str | None:
+        """Why the lower pool named in the header is not open now (None if it is, or none)."""
+        below = self._chain.below
+        if below is None or below.pool is not None:
+            return None
+        return below.problem or "not open"
+
+    def read_chain(self, key: Key, copy: Callable[..., Timed]) -> Timed | None:
+        """A read for the pool above: here, then below (``copy`` as for ``Store.read``)."""
+        return self._chain.read_chain(key, copy)
+
+    def read_further_below(self, key: Key, copy: Callable[..., Timed]) -> Timed | None:
+        """A read for the pool above, whose own lookup here missed: from the pools below
+        this one, promoting as this pool is configured to."""
+        return self._chain.read_further_below(key, copy)
+
+    # ----------------------------------------------------------- the remote
+
+    @property
+    def remote(self) -> RemoteLink | None:
+        """This pool's remote tier, or None."""
+        remote = self._chain.remote
+        return None if remote is None else remote.link
+
+    def remote_stats(self) -> RemoteStats | None:
+        """The remote tier's place, state and counters; None without one."""
+        remote = self._chain.remote
+        if remote is None:
+            return None
+        remote.link.settle()  # this process's counts so far
+        return remote.stats(read_counts(self._engine))
+
+    def remote_counts(self) -> dict[str, int] | None:
+        """The remote tier's counters (``layout.REMOTE_COUNTERS``) from the header, without
+        a call to the remote (a pool opened with ``chain=False`` has them too); None if the
+        pool names no remote."""
+        remote = self._chain.remote
+        if remote is not None:
+            remote.link.settle()
+        elif read_settings(self._segment.path, self.name).remote is None:
+            return None
+        return read_counts(self._engine)
+
+    def count_remote(self, deltas: dict[str, int]) -> None:
+        """Add to the remote counters in the header: the sink of the ``RemoteLink`` that
+        ``kvcache.lifecycle`` makes for this pool (called from any thread; never raises)."""
+        add_counts(self._engine, deltas)
+
+    def count_present(self, keys: Sequence[Key]) -> int:
+        """How many of ``keys``, from the first, are in this pool, its chain or its remote.
+
+        The keys missing locally are asked about in one pipelined round trip to
+        the remote, not one each (``PrefixCache.lookup``).
+        """
+        return self._chain.count_present(keys)
+
+    def prefetch(self, keys: Sequence[Key]) -> int:
+        """Fetch the entries of ``keys`` missing locally from the remote, in one pipelined
+        round trip, and promote them here, stopping at the first one neither has; return
+        how many came (``PrefixCache.retrieve`` then reads them all locally)."""
+        return self._chain.prefetch(keys)
 
     @reports_damage
     def stats(self) -> PoolStats:
@@ -477,10 +634,7 @@ class Pool(TierMixin, RemoteMixin):
             return
         self._closed = True
         _open_pools.discard(self)
-        if self._below is not None:
-            self._below.close()
-        if self._remote is not None:
-            self._remote.close()  # sends what is queued, for a bounded time
+        self._chain.close()
         self._access_log.close()
         try:
             closing.close(self._engine)
@@ -555,8 +709,7 @@ class Pool(TierMixin, RemoteMixin):
         before it reads its chunks). Nothing for pools in RAM; advice only: nothing counted.
         """
         self._engine.read_ahead(keys)
-        if self._below is not None:
-            self._below.call(lambda lower: lower.read_ahead(keys), None)
+        self._chain.read_ahead(keys)
 
     def locate(self, key: Key) -> EntryRef | None:
         """The entry under ``key`` here, looked up as a read does (a hit or a miss in stats)."""

@@ -503,8 +503,8 @@ def cmd_pause_mid_move(p: dict) -> dict:
     source removes its own). The pause wraps the library's own calls in this
     child only; the move itself runs unchanged.
     """
-    from kvcache import tiers
-    from kvcache.pool import Pool
+    from kvcache import chain
+    from kvcache.engine import Store
 
     def pause() -> None:
         _say("paused")
@@ -514,21 +514,21 @@ def cmd_pause_mid_move(p: dict) -> dict:
 
         class Pausing:
             def scatter(self, targets: list, pieces: tuple) -> None:
-                tiers_transfer.scatter(targets, (bytes(pieces[0])[:1],))  # a torn start
+                chain_transfer.scatter(targets, (bytes(pieces[0])[:1],))  # a torn start
                 pause()
 
-        tiers_transfer = tiers.transfer
-        tiers.transfer = Pausing()  # type: ignore[assignment]
+        chain_transfer = chain.transfer
+        chain.transfer = Pausing()  # type: ignore[assignment]
     else:
-        write_entry = Pool.write_entry
+        write_entry = Store.write_entry
 
-        def write_then_pause(self: Pool, *args: object, **kwargs: object) -> bool:
+        def write_then_pause(self: Store, *args: object, **kwargs: object) -> bool:
             written = write_entry(self, *args, **kwargs)  # type: ignore[arg-type]
             if written and self.name == p["into"]:
                 pause()
             return written
 
-        Pool.write_entry = write_then_pause  # type: ignore[method-assign]
+        Store.write_entry = write_then_pause  # type: ignore[method-assign]
     pool = kvcache.open(p["pool"])
     rng = np.random.default_rng(p["seed"])
     for i in range(10_000):

@@ -22,7 +22,6 @@ from kvcache.errors import RemoteError
 from kvcache.keys import encode_key
 from kvcache.layout import KEY_IS_STR
 from kvcache.remote import RemoteLink, RemoteSpec, records
-from kvcache.remote.mixin import attach
 from kvcache.stored import StoredEntry
 
 NS = "hostile"
@@ -214,7 +213,7 @@ def _link_to(pool: kvcache.Pool, url: str, timeout_s: float = 0.25) -> RemoteLin
     link = RemoteLink(
         RemoteSpec(url, NS, timeout_s=timeout_s), lambda d: None, max_entry_bytes=1 << 22
     )
-    attach(pool, link, top=True, bottom=True)
+    pool.attach_remote(link, top=True, bottom=True)
     return link
 
 

@@ -15,8 +15,8 @@ Hosts whose pools name the same remote and namespace share what they store:
 
 Modules: ``urls`` (URLs, namespaces, passwords, the redis-py client),
 ``records`` (how an entry lies in Redis, verified on every read), ``link``
-(bounded calls, down/up, the writer), ``stored`` (the header fields),
-``mixin`` (the pool's half).
+(bounded calls, down/up, the writer), ``tier`` (the remote as a tier of a
+pool's ``kvcache.chain.Chain``: fetch, demote, write through, its counters).
 """
 
 from .link import RemoteLink
