@@ -34,15 +34,9 @@ from ..errors import (
     SnapshotError,
 )
 from ..layout import ENTRY_DTYPE
-from ..lifecycle import (
-    Link,
-    chain_of,
-    create_from_config,
-    discard,
-    publish,
-    refuse_if_in_use,
-)
+from ..lifecycle import create_from_config, discard, publish, refuse_if_in_use
 from ..lifecycle import open as open_pool
+from ..opening import Link, chain_of
 from ..policies import ScoreContext, get_policy, rank_victims
 from ..pool import Pool
 from ..settings import write_settings
