@@ -19,7 +19,7 @@ import pytest
 import kvcache
 from kvcache import durable, segment, transfer
 from kvcache.config import PoolConfig
-from kvcache.engine import Store, closing, upkeep
+from kvcache.engine import Store, closing, upkeep, whole
 from kvcache.errors import PoolClosedError
 from kvcache.layout import Geometry, write_header
 from kvcache.stored import StoredEntry
@@ -96,19 +96,19 @@ def test_whole_entries_move_between_two_stores(make_store: StoreMaker) -> None:
     """What a spill or a promotion does, with no pool above either store."""
     source, target = make_store(), make_store()
     _write(source, b"moved", b"x" * 200_000)
-    ref = source.locate(b"moved")
+    ref = whole.locate(source, b"moved")
     assert ref is not None
-    read = source.read_entry(ref)
+    read = whole.read_entry(source, ref)
     assert read is not None
     entry, views = read
     assert isinstance(entry, StoredEntry)
 
     def fill(targets: list[memoryview]) -> int | None:
         transfer.scatter(targets, tuple(views))
-        return entry.checksum if source.confirm(ref, entry, views) else None
+        return entry.checksum if whole.confirm(source, ref, entry, views) else None
 
-    assert target.write_entry(entry, fill)
-    assert source.remove_entry(ref)
+    assert whole.write_entry(target, entry, fill)
+    assert whole.remove_entry(source, ref)
     assert _read(target, b"moved") == b"x" * 200_000 and _read(source, b"moved") is None
     assert upkeep.check(source) == [] and upkeep.check(target) == []
 

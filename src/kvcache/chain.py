@@ -5,7 +5,7 @@ pool its header names (a ``tiers.Tier``, held by ``tiers.Below``) and the
 remote (``remote.tier.RemoteTier``). The chain owns the moves between them:
 
 - A put that needs room first *spills*: the store picks victims by the pool's
-  policy under its lock (``Store.victims_to_move``), then, without the lock,
+  policy under its lock (``engine.whole.victims_to_move``), then, without the lock,
   each one is copied into the lower pool (key, value, ttl and priority travel;
   policy history starts afresh there), or at the bottom of the chain queued
   for the remote, and removed here only if it is still that entry. Whatever
@@ -29,12 +29,13 @@ at once: a process killed mid-move leaves the entry in one tier or both
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from . import transfer
-from .engine import Store, upkeep
+from .engine import Store, upkeep, whole
 from .errors import OutOfSharedMemoryError, PoolFullError
 from .keys import Key, encode_key
 from .layout import PROMOTE_ON_HIT, H
@@ -95,28 +96,28 @@ class Chain:
     def spill(self, num_pages: int) -> None:
         """Move victims down until ``num_pages`` pages and a slot are free (``Store.spill``)."""
         # An unlocked read of two counters: a hint only (the put evicts under the lock anyway).
-        if self.store.has_room(num_pages):
+        if whole.has_room(self.store, num_pages):
             return
-        for ref in self.store.victims_to_move(num_pages):
+        for ref in whole.victims_to_move(self.store, num_pages):
             self._spill_one(ref)
 
     def _spill_one(self, ref: EntryRef) -> None:
         """Move one victim to the lower pool, or to the remote at the bottom of the chain."""
         store = self.store
-        read = store.read_entry(ref)
+        read = whole.read_entry(store, ref)
         if read is None:
             return  # gone since it was chosen
         entry, views = read
         below, remote = self.below, self.demote_to
         if below is not None:
-            fill = _copier(store, ref, entry, views)
+            fill = _copier(functools.partial(whole.confirm, store), ref, entry, views)
             moved = below.call(lambda lower: lower.write_entry(entry, fill), False)
         else:
             assert remote is not None
-            moved = remote.demote(entry, views, lambda: store.confirm(ref, entry, views))
+            moved = remote.demote(entry, views, lambda: whole.confirm(store, ref, entry, views))
         if not moved:
             return  # the put's eviction drops it instead
-        if store.remove_entry(ref, count_as=H.spills):
+        if whole.remove_entry(store, ref, count_as=H.spills):
             return
         # replaced here while it moved: what went down is stale
         if below is not None:
@@ -169,7 +170,8 @@ class Chain:
         if read is None:
             return False
         entry, views = read
-        if not self.store.write_entry(entry, _copier(lower, ref, entry, views), replace=False):
+        fill = _copier(lower.confirm, ref, entry, views)
+        if not whole.write_entry(self.store, entry, fill, replace=False):
             return False
         upkeep.add_to_counters(self.store, {H.promotions: 1})
         lower.remove_entry(ref)
@@ -196,7 +198,7 @@ class Chain:
             return entry.checksum
 
         try:
-            stored = self.store.write_entry(entry, fill, replace=False)
+            stored = whole.write_entry(self.store, entry, fill, replace=False)
         except (PoolFullError, OutOfSharedMemoryError):  # ValueTooLargeError is a PoolFullError
             return False
         if stored:
@@ -377,18 +379,17 @@ class Chain:
             self.remote.link.close()
 
 
-class _Confirming(Protocol):
-    def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool: ...
-
-
 def _copier(
-    source: _Confirming, ref: EntryRef, entry: StoredEntry, views: list[memoryview]
+    confirm: Callable[[EntryRef, StoredEntry, list[memoryview]], bool],
+    ref: EntryRef,
+    entry: StoredEntry,
+    views: list[memoryview],
 ) -> Callable[[list[memoryview]], int | None]:
-    """A ``fill`` that copies ``views`` (entry ``ref`` of ``source``) into another tier and
-    publishes its checksum only if ``source`` confirms the bytes were that entry's."""
+    """A ``fill`` that copies ``views`` (entry ``ref`` of the tier it leaves) into another
+    tier and publishes its checksum only if ``confirm`` says the bytes were that entry's."""
 
     def fill(targets: list[memoryview]) -> int | None:
         transfer.scatter(targets, tuple(views))
-        return entry.checksum if source.confirm(ref, entry, views) else None
+        return entry.checksum if confirm(ref, entry, views) else None
 
     return fill

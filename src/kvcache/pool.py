@@ -32,7 +32,7 @@ from .accesslog import AccessLog, LogSpec
 from .chain import Chain
 from .config import PoolConfig
 from .counters import GET, PUT, Latency, sample_every
-from .engine import INLINE_COPY_MAX_BYTES, Store, closing, upkeep
+from .engine import INLINE_COPY_MAX_BYTES, Store, closing, upkeep, whole
 from .engine.store import Fill
 from .engine.upkeep import ENTRY_SORTS
 from .errors import (
@@ -691,7 +691,7 @@ class Pool(abc.MutableMapping[Key, Value]):
     def live_entries(self) -> tuple[int, np.ndarray, np.ndarray]:
         """The logical clock, and the ids and record copies (``layout.ENTRY_DTYPE``) of
         the live, unexpired entries; ``EntryRef(id, record["generation"])`` names one."""
-        return self._engine.live_entries()
+        return whole.live_entries(self._engine, )
 
     def read_entry(self, ref: EntryRef) -> tuple[StoredEntry, list[memoryview]] | None:
         """The metadata of entry ``ref`` and views of its bytes (key | value header |
@@ -700,7 +700,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         The views are read without the lock: whatever was copied from them counts
         only if :meth:`confirm` says so afterwards.
         """
-        return self._engine.read_entry(ref)
+        return whole.read_entry(self._engine, ref)
 
     @reports_damage
     def read_ahead(self, keys: Sequence[Key]) -> None:
@@ -708,16 +708,16 @@ class Pool(abc.MutableMapping[Key, Value]):
         so that reads which follow one by one find them on their way (``PrefixCache.retrieve``
         before it reads its chunks). Nothing for pools in RAM; advice only: nothing counted.
         """
-        self._engine.read_ahead(keys)
+        whole.read_ahead(self._engine, keys)
         self._chain.read_ahead(keys)
 
     def locate(self, key: Key) -> EntryRef | None:
         """The entry under ``key`` here, looked up as a read does (a hit or a miss in stats)."""
-        return self._engine.locate(key)
+        return whole.locate(self._engine, key)
 
     def remove_entry(self, ref: EntryRef) -> bool:
         """Remove entry ``ref`` if it is still that entry (moved elsewhere); whether it was."""
-        return self._engine.remove_entry(ref)
+        return whole.remove_entry(self._engine, ref)
 
     def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
         """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s.
@@ -726,7 +726,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         bytes fail their checksum (summed here, without the lock), in which case
         the damaged entry is dropped and counted.
         """
-        return self._engine.confirm(ref, entry, views)
+        return whole.confirm(self._engine, ref, entry, views)
 
     def write_entry(
         self,
@@ -743,12 +743,13 @@ class Pool(abc.MutableMapping[Key, Value]):
         ``fill`` runs without this pool's lock and returns the checksum to publish, or None
         to refuse the entry. ``keep_history`` keeps the entry's policy history, ``replace``
         False leaves an entry of the same key that appeared meanwhile, and
-        ``evict_within_reserved`` is as for ``put``: see ``kvcache.engine.Store.write_entry``.
+        ``evict_within_reserved`` is as for ``put``: see ``kvcache.engine.whole.write_entry``.
 
         Raises:
             ValueTooLargeError: the entry is larger than the whole pool.
         """
-        return self._engine.write_entry(
+        return whole.write_entry(
+            self._engine,
             entry,
             fill,
             keep_history=keep_history,
@@ -758,7 +759,7 @@ class Pool(abc.MutableMapping[Key, Value]):
 
     def set_clock(self, clock: int) -> None:
         """Set the logical clock (a restore puts back the snapshot's)."""
-        self._engine.set_clock(clock)
+        whole.set_clock(self._engine, clock)
 
     @property
     def mode(self) -> int:

@@ -504,7 +504,7 @@ def cmd_pause_mid_move(p: dict) -> dict:
     child only; the move itself runs unchanged.
     """
     from kvcache import chain
-    from kvcache.engine import Store
+    from kvcache.engine import Store, whole
 
     def pause() -> None:
         _say("paused")
@@ -520,15 +520,15 @@ def cmd_pause_mid_move(p: dict) -> dict:
         chain_transfer = chain.transfer
         chain.transfer = Pausing()  # type: ignore[assignment]
     else:
-        write_entry = Store.write_entry
+        write_entry = whole.write_entry
 
-        def write_then_pause(self: Store, *args: object, **kwargs: object) -> bool:
-            written = write_entry(self, *args, **kwargs)  # type: ignore[arg-type]
-            if written and self.name == p["into"]:
+        def write_then_pause(store: Store, *args: object, **kwargs: object) -> bool:
+            written = write_entry(store, *args, **kwargs)  # type: ignore[arg-type]
+            if written and store.name == p["into"]:
                 pause()
             return written
 
-        Store.write_entry = write_then_pause  # type: ignore[method-assign]
+        whole.write_entry = write_then_pause  # type: ignore[assignment]
     pool = kvcache.open(p["pool"])
     rng = np.random.default_rng(p["seed"])
     for i in range(10_000):

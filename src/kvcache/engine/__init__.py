@@ -2,14 +2,15 @@
 
 Its parts, each a module read in a sitting, joined in ``store``::
 
-    Store     (store.py)     the interface: read / write / delete / contains, whole
-      |                      entries (locate, read_entry, confirm, write_entry,
-      |                      remove_entry), close, repair; takes the lock, copies values
+    Store     (store.py)     the interface: read / write / delete / contains,
+      |                      repair; takes the lock, copies values
       +-- Table   (table.py)     the entry table under the lock: find, lookup,
       |                          reserve, publish, remove (index, allocator, policy
       |                          queues, sketch and prefix tree kept in step)
       +-- Evictor (eviction.py)  room for puts: expiry sweeps, dead writers, the
                                  policy's victims
+    whole.py    whole entries in and out (locate, read_entry, confirm, write_entry,
+                remove_entry, victims_to_move): snapshots and moves between tiers
     upkeep.py   explicit eviction, check, listings and counters over a Store
     closing.py  close (every part swapped for a closed stand-in) and a forked child's slot
 

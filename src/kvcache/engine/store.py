@@ -16,13 +16,11 @@ The interface, each call taking the lock itself:
 
 - values: ``write`` (reserve, fill, publish), ``read`` (look up and copy
   out), ``delete``, ``contains``;
-- whole entries (snapshots and tiers): ``live_entries``, ``locate``,
-  ``read_entry``, ``confirm``, ``write_entry``, ``remove_entry``,
-  ``set_clock``;
 - crash repair: ``repair`` (the lock calls it when a holder died mid-change).
 
-``kvcache.engine.upkeep`` has explicit eviction, ``check``, listings and
-counters over a store, and ``kvcache.engine.closing`` its ``close``.
+``kvcache.engine.whole`` moves whole entries in and out of a store (snapshots
+and tiers), ``kvcache.engine.upkeep`` has explicit eviction, ``check``,
+listings and counters over it, and ``kvcache.engine.closing`` its ``close``.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -52,11 +50,10 @@ from ..errors import (
     raise_as_damage,
     reports_damage,
 )
-from ..keys import Key, encode_key, key_hash
+from ..keys import Key, encode_key
 from ..layout import ENTRY_WORDS, E, Geometry, H, Views
 from ..lock import PoolLock
 from ..procs import ProcessTable
-from ..stored import EntryRef, StoredEntry
 from .eviction import Evictor, Growth
 from .table import History, Summed, Table
 
@@ -358,147 +355,6 @@ class Store:
             return (
                 eid >= 0 and self.views.entries_d[eid * ENTRY_WORDS + E.expires_at] > self.clock()
             )
-
-    def has_room(self, num_pages: int) -> bool:
-        """Whether ``num_pages`` pages and an entry slot are free now (read without the lock:
-        a hint, such as whether moving entries elsewhere is worth the lock)."""
-        table = self.table
-        return table.allocator.num_available() >= num_pages and table.entries.has_free_slot()
-
-    def victims_to_move(self, num_pages: int) -> list[EntryRef]:
-        """The entries the policy would evict for ``num_pages`` pages and a slot, to move
-        elsewhere (a chain's spill) rather than drop; none is removed here."""
-        with self.lock:
-            chosen = self.evictor.choose_to_move(num_pages)
-        return [EntryRef(eid, generation) for eid, generation in chosen]
-
-    # ------------------------------------------------------------ whole entries
-
-    @reports_damage
-    def live_entries(self) -> tuple[int, np.ndarray, np.ndarray]:
-        """The logical clock, and the ids and record copies (``layout.ENTRY_DTYPE``) of
-        the live, unexpired entries; ``EntryRef(id, record["generation"])`` names one."""
-        with self.lock:
-            ids, records = self.table.live_records()
-            return self._hq[H.clock], ids, records
-
-    @reports_damage
-    def read_entry(self, ref: EntryRef) -> tuple[StoredEntry, list[memoryview]] | None:
-        """The metadata of entry ``ref`` and views of its bytes (key | value header |
-        payload), or None if it is no longer that READY entry.
-
-        The views are read without the lock: whatever was copied from them counts
-        only if :meth:`confirm` says so afterwards.
-        """
-        with self.lock:
-            if not self.table.is_ready(*ref):
-                return None
-            checksum = transfer.from_word(self._eq[ref.eid * ENTRY_WORDS + E.checksum])
-            record = self.views.entries[ref.eid]
-            entry = StoredEntry.from_record(bytes(self.table.key_view(ref.eid)), record, checksum)
-            return entry, self._entry_slices(ref.eid)
-
-    @reports_damage
-    def read_ahead(self, keys: Sequence[Key]) -> None:
-        """Ask the disk for the entries of ``keys`` all at once (nothing for a store in RAM)."""
-        if not self.on_disk:
-            return
-        hashes = [key_hash(encode_key(key)[0]) for key in keys]
-        with self.lock:
-            found = [self.table.index.find(lo, hi) for lo, hi in hashes]
-            spans = [span for eid in found if eid >= 0 for span in self.table.file_spans(eid)]
-        for offset, length in spans:  # each asks the disk: outside the lock
-            self.segment.will_need(offset, length)
-
-    @reports_damage
-    def locate(self, key: Key) -> EntryRef | None:
-        """The entry under ``key``, looked up as a read does (a hit or a miss in stats)."""
-        key_bytes, _ = encode_key(key)
-        with self.lock:
-            eid = self._lookup(key_bytes, count=True, read_ahead=self.on_disk)
-            if eid < 0:
-                return None
-            base = eid * ENTRY_WORDS
-            self.bytes_out += self._eq[base + E.value_len]  # kept back, as a read's
-            return EntryRef(eid, self._eq[base + E.generation])
-
-    @reports_damage
-    def remove_entry(self, ref: EntryRef, *, count_as: int = -1) -> bool:
-        """Remove entry ``ref`` if it is still that entry; whether it was.
-
-        ``count_as``: a header counter (``layout.H``) to add one to if it was, such as
-        ``H.spills`` for an entry moved down a chain.
-        """
-        with self.lock:
-            if not self.table.is_ready(*ref):
-                return False
-            self.table.remove(ref.eid)
-            if count_as >= 0:
-                self._hq[count_as] += 1
-            return True
-
-    @reports_damage
-    def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
-        """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s.
-
-        False if the entry changed meanwhile; with ``verify_reads``, also if its
-        bytes fail their checksum (summed here, without the lock), in which case
-        the damaged entry is dropped and counted.
-        """
-        intact = not self.verify_reads or entry.checksum == transfer.checksum(
-            views, entry.flags, len(entry.key), entry.header_len, entry.value_len
-        )
-        with self.lock:
-            if not self.table.is_ready(*ref):
-                return False
-            if not intact:
-                self._drop_damaged(ref.eid)
-            return intact
-
-    def write_entry(
-        self,
-        entry: StoredEntry,
-        fill: Fill,
-        *,
-        keep_history: bool = False,
-        replace: bool = True,
-        evict_within_reserved: bool = True,
-    ) -> bool:
-        """Store ``entry``, whose bytes ``fill`` copies into the views it is given.
-
-        ``fill`` runs without the lock and returns the checksum to publish
-        (``entry.checksum`` for an intact copy), or None to refuse the entry.
-        Returns whether the entry was published.
-
-        Args:
-            keep_history: keep ``entry``'s policy history (a restore on the
-                snapshot's clock) rather than starting it afresh.
-            replace: replace an entry of the same key; False leaves one that
-                appeared meanwhile in place (a promotion never overwrites a newer put).
-            evict_within_reserved: see ``Table.reserve``.
-
-        Raises:
-            ValueTooLargeError: the entry is larger than the whole pool.
-        """
-        self.refuse_too_large(entry.num_bytes)
-        return self.write(
-            entry.key,
-            entry.flags,
-            entry.header_len,
-            entry.value_len,
-            entry.priority,
-            entry.expires_at,
-            fill,
-            history=(entry.created, entry.last_access, entry.freq) if keep_history else None,
-            replace=replace,
-            evict_within_reserved=evict_within_reserved,
-        )
-
-    @reports_damage
-    def set_clock(self, clock: int) -> None:
-        """Set the logical clock (a restore puts back the snapshot's)."""
-        with self.lock:
-            self._hq[H.clock] = clock
 
     # ----------------------------------------------------------------- counters
 
