@@ -686,20 +686,19 @@ class Pool(abc.MutableMapping[Key, Value]):
         """In a forked child: a lock description and a process slot of its own."""
         closing.after_fork(self._engine)
 
-    # ------------- whole entries, for snapshots and tiers (see kvcache.stored; take the lock)
+    # ---- whole entries, for snapshots and the chain above (see kvcache.engine.whole)
 
     def live_entries(self) -> tuple[int, np.ndarray, np.ndarray]:
         """The logical clock, and the ids and record copies (``layout.ENTRY_DTYPE``) of
         the live, unexpired entries; ``EntryRef(id, record["generation"])`` names one."""
-        return whole.live_entries(self._engine, )
+        return whole.live_entries(
+            self._engine,
+        )
 
     def read_entry(self, ref: EntryRef) -> tuple[StoredEntry, list[memoryview]] | None:
         """The metadata of entry ``ref`` and views of its bytes (key | value header |
-        payload), or None if it is no longer that READY entry.
-
-        The views are read without the lock: whatever was copied from them counts
-        only if :meth:`confirm` says so afterwards.
-        """
+        payload), or None if it is no longer that READY entry; what is copied from the
+        views counts only if :meth:`confirm` says so afterwards."""
         return whole.read_entry(self._engine, ref)
 
     @reports_damage
@@ -720,12 +719,8 @@ class Pool(abc.MutableMapping[Key, Value]):
         return whole.remove_entry(self._engine, ref)
 
     def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
-        """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s.
-
-        False if the entry changed meanwhile; with ``verify_reads``, also if its
-        bytes fail their checksum (summed here, without the lock), in which case
-        the damaged entry is dropped and counted.
-        """
+        """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s:
+        False if it changed meanwhile or (``verify_reads``) its bytes fail their checksum."""
         return whole.confirm(self._engine, ref, entry, views)
 
     def write_entry(
