@@ -96,7 +96,7 @@ def create(
         force: accept a ``mode`` that gives other users access (e.g. ``0o666``).
         verify_reads: this handle checks every value read (see :func:`open`).
         spill_to: an existing pool that this one's evicted entries move to
-            (see :mod:`kvcache.tiers`); recorded in the pool, so every process
+            (see :mod:`kvcache.chain`); recorded in the pool, so every process
             that opens it follows the same chain.
         promote: what a hit in a lower pool does: ``"hit"`` moves the entry up
             into this pool, ``"never"`` leaves it below.

@@ -55,6 +55,7 @@ from .units import parse_duration
 __all__ = ["ENTRY_SORTS", "INLINE_COPY_MAX_BYTES", "Pool"]
 
 Timed = TypeVar("Timed")
+Copied = TypeVar("Copied")
 
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
@@ -110,7 +111,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         )
         self.verify_reads = engine.verify_reads
         self._observing = observe
-        # lifecycle attaches the tiers the header and settings name
+        # kvcache.opening attaches the tiers the header and settings name
         self._chain = Chain(engine)
         self._chained = False  # whether a miss or a put goes on to the chain: one test
         # bound once: put and get make one call into the engine, not two
@@ -514,11 +515,11 @@ class Pool(abc.MutableMapping[Key, Value]):
             return None
         return below.problem or "not open"
 
-    def read_chain(self, key: Key, copy: Callable[..., Timed]) -> Timed | None:
+    def read_chain(self, key: Key, copy: Callable[..., Copied]) -> Copied | None:
         """A read for the pool above: here, then below (``copy`` as for ``Store.read``)."""
         return self._chain.read_chain(key, copy)
 
-    def read_further_below(self, key: Key, copy: Callable[..., Timed]) -> Timed | None:
+    def read_further_below(self, key: Key, copy: Callable[..., Copied]) -> Copied | None:
         """A read for the pool above, whose own lookup here missed: from the pools below
         this one, promoting as this pool is configured to."""
         return self._chain.read_further_below(key, copy)
