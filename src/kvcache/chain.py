@@ -53,7 +53,7 @@ class Chain:
     """The tiers under one pool's store: spill, promote and the chain-wide calls.
 
     A chain alone (nothing attached) holds only its store; ``attach_below`` and
-    ``attach_remote`` add the tiers ``kvcache.lifecycle`` finds in the pool's
+    ``attach_remote`` add the tiers ``kvcache.opening`` finds in the pool's
     header and settings.
     """
 

@@ -167,7 +167,7 @@ class Pool(abc.MutableMapping[Key, Value]):
     @property
     def lower(self) -> Pool | None:
         """The lower pool, open, or None (no chain, or the lower pool is missing)."""
-        # lifecycle opens every tier below a pool as a Pool
+        # kvcache.opening opens every tier below a pool as a Pool
         below = self._chain.below
         return None if below is None else cast("Pool | None", below.pool)
 
@@ -553,7 +553,7 @@ class Pool(abc.MutableMapping[Key, Value]):
 
     def count_remote(self, deltas: dict[str, int]) -> None:
         """Add to the remote counters in the header: the sink of the ``RemoteLink`` that
-        ``kvcache.lifecycle`` makes for this pool (called from any thread; never raises)."""
+        ``kvcache.opening`` makes for this pool (called from any thread; never raises)."""
         add_counts(self._engine, deltas)
 
     def count_present(self, keys: Sequence[Key]) -> int:
