@@ -22,6 +22,11 @@
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
+/* The segment's words are little-endian ("<i8"), read here as native words. */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvcache._lookup reads the segment's little-endian words natively"
+#endif
+
 #define NOT_HERE (-1) /* not a plain hit: let Python decide */
 #define READY 2       /* kvcache.layout.READY */
 #define CLOCK_LIMIT (INT64_C(1) << 62)
@@ -66,10 +71,6 @@ static void key_hash(const void *key, size_t length, int64_t *lo, int64_t *hi) {
     XXH128_canonicalFromHash(&canonical, XXH3_128bits(key, length));
     memcpy(lo, canonical.digest, 8);
     memcpy(hi, canonical.digest + 8, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    *lo = (int64_t)__builtin_bswap64((uint64_t)*lo);
-    *hi = (int64_t)__builtin_bswap64((uint64_t)*hi);
-#endif
 }
 
 /* The entry id filed under (lo, hi), or NOT_HERE (absent, or a word out of range). */
@@ -267,11 +268,12 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
              f->page_size < limit && w[F_ENTRY_WORDS] > 0 && w[F_ENTRY_WORDS] < 4096;
     for (int i = 0; ok && i < F_ENTRY_WORDS; i++) ok = w[i] >= 0 && w[i] < w[F_ENTRY_WORDS];
     ok = ok && w[F_HITS] >= 0 && w[F_CLOCK] >= 0 && w[F_HITS] < 512 && w[F_CLOCK] < 512;
-    int64_t data_bytes = 0;
-    ok = ok && !__builtin_mul_overflow(f->num_pages, f->page_size, &data_bytes);
+    int64_t data_bytes = 0, entry_bytes = 0;
+    ok = ok && !__builtin_mul_overflow(f->num_pages, f->page_size, &data_bytes) &&
+         !__builtin_mul_overflow(f->max_entries, w[F_ENTRY_WORDS] * 8, &entry_bytes);
     ok = ok && f->entries_offset >= 4096 && f->index_offset >= 0 && f->data_offset >= 0 &&
          f->entries_offset < limit && f->index_offset < limit && f->data_offset < limit &&
-         f->entries_offset + f->max_entries * w[F_ENTRY_WORDS] * 8 <= f->total_bytes &&
+         entry_bytes <= f->total_bytes - f->entries_offset &&
          f->index_offset + f->index_slots * 8 <= f->total_bytes &&
          f->page_next_offset >= 0 && f->page_next_offset < limit &&
          f->page_next_offset + f->num_pages * 8 <= f->total_bytes &&
