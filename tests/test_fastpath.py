@@ -48,9 +48,13 @@ class Ticks:
 
 
 @contextlib.contextmanager
-def new_pool(policy: str, clock: Ticks, *, pure: bool) -> Iterator[kvcache.Pool]:
+def new_pool(
+    policy: str, clock: Ticks, *, pure: bool, lfu_half_life: int | None = None
+) -> Iterator[kvcache.Pool]:
     name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
-    pool = kvcache.create(name, "256K", page_size="1K", policy=policy, clock=clock)
+    pool = kvcache.create(
+        name, "256K", page_size="1K", policy=policy, clock=clock, lfu_half_life=lfu_half_life
+    )
     if pure:
         pool._engine.table.fast = None  # the reference: Table.lookup's Python path only
     try:
@@ -114,6 +118,25 @@ def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, poli
         assert a.entries.tobytes() == b.entries.tobytes()  # hits touched alike, bit for bit
         assert a.index.tobytes() == b.index.tobytes()
         assert a.header["clock"] == b.header["clock"] and a.header["hits"] == b.header["hits"]
+
+
+@compiled
+@pytest.mark.parametrize("half_life", [1, 3, 2**53 - 1, 2**53, 2**62])
+def test_bug_a_half_life_past_2_53_refused_the_pool(half_life: int) -> None:
+    """Regression: a Finder refused an lfu half-life of 2**53 and more (which the C code
+    cannot divide by exactly), and so opening such a pool (a restored snapshot's
+    header) raised ValueError. Now the pool opens and such a hit is touched in Python."""
+    clock = Ticks()
+    with new_pool("lfu", clock, pure=False, lfu_half_life=half_life) as fast, new_pool(
+        "lfu", clock, pure=True, lfu_half_life=half_life
+    ) as ref:
+        assert fast._engine.table.fast is not None
+        for pool in (fast, ref):
+            for key in KEYS:
+                pool.put(key, b"v" * 100)
+            for _ in range(3):
+                assert [pool.get(key) for key in KEYS] == [b"v" * 100] * len(KEYS)
+        assert fast._engine.views.entries.tobytes() == ref._engine.views.entries.tobytes()
 
 
 C_FIELDS = [

@@ -43,20 +43,24 @@ FIELDS = (
 
 
 def hit_finder(geometry: Geometry, config: PoolConfig) -> Any:
-    """A ``Finder`` for a segment of this geometry, or None (not built, or forced off)."""
+    """A ``Finder`` for a segment of this geometry, or None (not built, forced off, or a
+    geometry past what the C code takes: such a pool is served by the Python path)."""
     if native.Finder is None:
         return None
     g = geometry
-    return native.Finder(
-        g.entries_offset,
-        g.max_entries,
-        g.index_offset,
-        g.index_slots,
-        g.page_next_offset,
-        g.data_offset,
-        g.num_pages,
-        g.page_size_bytes,
-        g.total_bytes,
-        config.lfu_half_life,
-        FIELDS,
-    )
+    try:
+        return native.Finder(
+            g.entries_offset,
+            g.max_entries,
+            g.index_offset,
+            g.index_slots,
+            g.page_next_offset,
+            g.data_offset,
+            g.num_pages,
+            g.page_size_bytes,
+            g.total_bytes,
+            config.lfu_half_life,
+            FIELDS,
+        )
+    except (ValueError, OverflowError):
+        return None

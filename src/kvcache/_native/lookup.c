@@ -107,6 +107,7 @@ static int touch(const Finder *f, char *map, char *entry, double now) {
     int64_t hits = load(map, w[F_HITS]), clock = load(map, w[F_CLOCK]);
     int64_t last_access = load(entry, w[F_LAST_ACCESS]);
     if (hits < 0 || hits >= CLOCK_LIMIT || clock < 0 || clock >= CLOCK_LIMIT) return 0;
+    if (f->half_life < 1 || f->half_life >= EXACT_DOUBLE) return 0; /* rounds in Python */
     if (last_access <= -CLOCK_LIMIT || last_access >= CLOCK_LIMIT) return 0;
     clock += 1;
     int64_t idle = clock - last_access;
@@ -262,8 +263,8 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
      * let a probe reach past the mapping: check that every region fits. */
     const int64_t *w = f->field, limit = INT64_C(1) << 48;
     int ok = f->index_slots > 0 && (f->index_slots & (f->index_slots - 1)) == 0 &&
-             f->max_entries > 0 && f->num_pages > 0 && f->page_size > 0 && f->half_life > 0 &&
-             f->half_life < EXACT_DOUBLE && f->total_bytes > 0 && f->total_bytes < limit &&
+             f->max_entries > 0 && f->num_pages > 0 && f->page_size > 0 &&
+             f->total_bytes > 0 && f->total_bytes < limit &&
              f->max_entries < limit && f->index_slots < limit && f->num_pages < limit &&
              f->page_size < limit && w[F_ENTRY_WORDS] > 0 && w[F_ENTRY_WORDS] < 4096;
     for (int i = 0; ok && i < F_ENTRY_WORDS; i++) ok = w[i] >= 0 && w[i] < w[F_ENTRY_WORDS];
