@@ -1,16 +1,20 @@
 """The compiled fast paths (``kvcache.native``), wired to one segment's layout.
 
 ``hit_finder`` builds a ``kvcache._lookup.Finder`` for a segment: a get's hit in
-one C call (hash the key, probe the index, confirm the stored key, check state
-and expiry, touch it as a hit), the part of a 4 KiB get that was interpreter
-work. ``Table.lookup`` calls it first and runs its own Python lookup whenever it
-answers -1: a miss, an expired entry, and every damaged word, so the compiled
-path never judges damage itself and both engines answer alike by construction.
+one C call (``find_hit``: hash the key, probe the index, confirm the stored key,
+check state and expiry, touch it as a hit) and the copy of a small plain value
+into a new ``bytes`` (``copy_value``), the parts of a 4 KiB get that were
+interpreter work. ``Table.lookup`` calls ``find_hit`` first and runs its own
+Python lookup whenever it answers -1: a miss, an expired entry, and every
+damaged word; ``Store.read`` copies the Python way whenever ``copy_value``
+answers None. So the compiled path never judges damage itself, and both
+engines answer alike by construction.
 
 The hit touch in C is the one every policy without queues shares (the logical
 clock, the decayed frequency, the access times). Pools whose policy keeps
 queues or a frequency sketch (``s3fifo``, ``arc``, ``prefix``), and disk pools
-(whose lookup reads ahead and reads keys from the file), take the Python path.
+(whose lookup reads ahead and reads keys from the file), take the Python path;
+so do the reads of a pool opened with ``verify_reads``.
 """
 
 from __future__ import annotations
