@@ -1,8 +1,9 @@
-"""Copy and checksum: one pass (the compiled ``kvcache._copysum``) against two, and the raw copy.
+"""The compiled parts: copy and checksum in one pass against two and the raw copy, and 4 KiB
+gets and puts with the compiled engine against pure Python.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_copysum.py          # about 40 s
+    .venv/bin/python benchmarks/bench_copysum.py          # about 60 s
     .venv/bin/python benchmarks/bench_copysum.py --quick  # smoke variant (CI)
 
 Why: a put sums a value (XXH3-64, the checksum every read can verify) and copies
@@ -16,19 +17,28 @@ value, as values reach a pool in use; a second table repeats one value in place
 (source and target stay cached: the case a loop over one buffer measures). The
 three ways take turns within each repeat and the table shows the median rate and
 its ratio to the raw ``numpy.copyto`` of the same repeats.
+
+The first table times 4 KiB operations on one pool (``lru``, 1,000 keys, never
+full) from two child processes, one compiled and one with
+``KVCACHE_PURE_PYTHON=1``, taking turns (and going first in turn) within each
+repeat; it shows the median rate of each and the median of the per-repeat ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 
 import numpy as np
 import xxhash
 
+import kvcache
 from bench_pool import print_table
 from kvcache import native
 
@@ -79,10 +89,75 @@ def _table(title: str, sizes: list[int], working_set: int, repeats: int, in_plac
     print_table(title, ("value, way", "GB/s", "of raw"), rows[:-1])
 
 
+SMALL_BYTES = 4 << 10
+SMALL_KEYS = 1000
+SMALL_OPS = ("get (hit)", "get (miss)", "put (over a key)")
+
+
+def _small_rates(pool_name: str, count: int) -> None:
+    """In a child: ops/s of each 4 KiB operation on the pool, printed one per line."""
+    pool = kvcache.open(pool_name)
+    keys = [f"key-{i}" for i in range(SMALL_KEYS)]
+    value = bytes(range(256)) * (SMALL_BYTES // 256)
+    ways = {
+        "get (hit)": lambda key: pool.get(key),
+        "get (miss)": lambda key: pool.get("absent-" + key),
+        "put (over a key)": lambda key: pool.put(key, value),
+    }
+    for name in SMALL_OPS:
+        way = ways[name]
+        began = time.perf_counter()
+        for i in range(count):
+            way(keys[i % SMALL_KEYS])
+        print(f"{name}\t{count / (time.perf_counter() - began)}")
+    pool.close()
+
+
+def _small_table(count: int, repeats: int) -> None:
+    if native.Finder is None:
+        print("\n(4 KiB operations: kvcache._lookup is not built; no compiled engine to time)")
+        return
+    name = f"bench-small-{uuid.uuid4().hex[:8]}"
+    pool = kvcache.create(name, "64M", policy="lru")
+    try:
+        value = bytes(range(256)) * (SMALL_BYTES // 256)
+        for i in range(SMALL_KEYS):
+            pool.put(f"key-{i}", value)
+        rates: dict[str, dict[str, list[float]]] = {"compiled": {}, "pure-python": {}}
+        engines = [("compiled", "0"), ("pure-python", "1")]
+        for _ in range(repeats):
+            engines.reverse()  # each goes first in turn
+            for engine, pure in engines:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--small-worker", name, str(count)],
+                    env={**os.environ, "KVCACHE_PURE_PYTHON": pure},
+                    capture_output=True, text=True, check=True,
+                ).stdout
+                for line in out.splitlines():
+                    op, rate = line.split("\t")
+                    rates[engine].setdefault(op, []).append(float(rate))
+    finally:
+        pool.close()
+        kvcache.destroy(name)
+    rows = []
+    for op in SMALL_OPS:
+        fast, pure = rates["compiled"][op], rates["pure-python"][op]
+        ratio = statistics.median(f / p for f, p in zip(fast, pure, strict=True))
+        rows.append((f"4 KiB {op}", f"{statistics.median(fast) / 1e3:.0f}k",
+                     f"{statistics.median(pure) / 1e3:.0f}k", f"{ratio:.2f}x"))
+    print_table(f"4 KiB operations, compiled engine against KVCACHE_PURE_PYTHON=1 "
+                f"({count} ops x {repeats} repeats)",
+                ("operation", "compiled ops/s", "pure ops/s", "compiled / pure"), rows)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--small-worker"]:
+        _small_rates(sys.argv[2], int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller working set (CI smoke)")
     args = parser.parse_args()
+    _small_table(*((10_000, 3) if args.quick else (100_000, 7)))
     working_set, repeats = (128 << 20, 3) if args.quick else (512 << 20, 7)
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
     _table(f"Values through a {working_set >> 20} MiB working set (from memory)",

@@ -56,7 +56,8 @@ def test_the_wheel_carries_its_license_types_schemas_and_commands(dist: dict[str
     assert "kvcache/py.typed" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     assert any(name.endswith("licenses/src/kvcache/_native/LICENSE.xxhash") for name in names)
-    assert any(name.startswith("kvcache/_copysum.") and name.endswith(".so") for name in names)
+    for module in ("_copysum", "_lookup"):
+        assert any(name.startswith(f"kvcache/{module}.") and name.endswith(".so") for name in names)
     assert {"kvcache/schemas/status.json", "kvcache/schemas/metrics.json"} <= set(names)
     assert "License-Expression: Apache-2.0" in meta
     assert "Description-Content-Type: text/markdown" in meta
@@ -73,7 +74,11 @@ def test_the_sdist_holds_what_a_rebuild_needs(dist: dict[str, Path]) -> None:
     with tarfile.open(dist["sdist"]) as sdist:
         names = {name.partition("/")[2] for name in sdist.getnames()}
     assert {"LICENSE", "README.md", "pyproject.toml", "src/kvcache/py.typed"} <= names
-    assert {"src/kvcache/_native/copysum.c", "src/kvcache/_native/xxhash.h"} <= names
+    assert {
+        "src/kvcache/_native/copysum.c",
+        "src/kvcache/_native/lookup.c",
+        "src/kvcache/_native/xxhash.h",
+    } <= names
 
 
 @pytest.fixture(scope="module")

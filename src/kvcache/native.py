@@ -17,8 +17,12 @@ from typing import Any
 SumAndCopy = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], int]
 
 
+def _forced_pure() -> bool:
+    return os.environ.get("KVCACHE_PURE_PYTHON", "") not in ("", "0")
+
+
 def _load() -> SumAndCopy | None:
-    if os.environ.get("KVCACHE_PURE_PYTHON", "") not in ("", "0"):
+    if _forced_pure():
         return None
     try:
         from ._copysum import sum_and_copy
@@ -27,12 +31,26 @@ def _load() -> SumAndCopy | None:
     return sum_and_copy  # type: ignore[no-any-return]
 
 
+def _load_finder() -> Any:
+    if _forced_pure():
+        return None
+    try:
+        from ._lookup import Finder
+    except ImportError:
+        return None
+    return Finder
+
+
 sum_and_copy: SumAndCopy | None = _load()
 """``sum_and_copy(summed, sources, targets)``: the XXH3-64 of the buffers ``summed``
 then ``sources``, copying ``sources`` back to back into ``targets`` in the same pass
 (None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
 
+Finder: Any = _load_finder()
+"""``kvcache._lookup.Finder``, a get's hit in C (built for one segment by
+``kvcache.fastpath``); None: not built, or ``KVCACHE_PURE_PYTHON`` is set."""
+
 
 def engine() -> str:
     """Which path this process takes: ``"compiled"`` or ``"pure-python"`` (for reports)."""
-    return "pure-python" if sum_and_copy is None else "compiled"
+    return "pure-python" if sum_and_copy is None and Finder is None else "compiled"

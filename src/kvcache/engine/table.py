@@ -21,7 +21,7 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
-from .. import segment, transfer
+from .. import fastpath, segment, transfer
 from ..allocator import PageAllocator, Run
 from ..config import MAX_KEY_BYTES, PoolConfig
 from ..entries import EntryTable
@@ -105,6 +105,9 @@ class Table:
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
         self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
         self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
+        # compiled hit (kvcache.fastpath): policies without queues or sketch, RAM pools only
+        plain = self.queues is None and self.sketch is None and not seg.on_disk
+        self.fast = fastpath.hit_finder(views.geometry, config) if plain else None
 
     # ---------------------------------------------------------------- lookups
 
@@ -159,6 +162,10 @@ class Table:
 
     def lookup(self, key_bytes: bytes, *, count: bool, read_ahead: bool = False) -> int:
         """``find``, dropping an expired entry, counting a hit or miss and touching on a hit."""
+        if self.fast is not None:  # a plain hit in C; -1: anything else, decided below
+            eid = self.fast.find_hit(self.views.raw, key_bytes, self.clock(), count)
+            if eid >= 0:
+                return eid
         hashed = key_hash(key_bytes)  # once: a miss also asks the regret sample
         eid = self.find(key_bytes, read_ahead=read_ahead, hashed=hashed)
         h = self.hq

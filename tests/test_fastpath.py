@@ -1,0 +1,255 @@
+"""The compiled get hit (``kvcache.fastpath``, ``kvcache._lookup``) against the Python lookup.
+
+The C code answers a plain hit and says "not here" (-1, None) for anything else,
+so the Python lookup decides every miss and every damaged word. These tests hold
+it to that: the same operations on a compiled and a pure-Python pool leave the
+same answers and the same segment; words of the index, entry table and page
+links overwritten at random give either the Python path's answer or nothing,
+never a crash; and processes of both engines share one pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvcache
+from kvcache import CorruptPoolError, native
+from kvcache.keys import encode_key, key_hash
+from kvcache.layout import ENTRY_DTYPE
+from kvcache.policies import POLICIES
+from test_segment_damage import VALUES, damaged_pool, word
+
+compiled = pytest.mark.skipif(
+    native.Finder is None, reason="kvcache._lookup is not built or KVCACHE_PURE_PYTHON is set"
+)
+PLAIN_POLICIES = ("lru", "lfu", "fifo", "ttl", "priority", "size")
+"""The policies whose hit the C code touches (no queues, no sketch)."""
+
+
+class Ticks:
+    """A wall clock that moves only when told (both pools of a comparison read the same)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.contextmanager
+def new_pool(
+    policy: str, clock: Ticks, *, pure: bool, lfu_half_life: int | None = None
+) -> Iterator[kvcache.Pool]:
+    name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
+    pool = kvcache.create(
+        name, "256K", page_size="1K", policy=policy, clock=clock, lfu_half_life=lfu_half_life
+    )
+    if pure:
+        pool._engine.table.fast = None  # the reference: Table.lookup's Python path only
+    try:
+        yield pool
+    finally:
+        pool.close()
+        kvcache.destroy(name)
+
+
+@compiled
+def test_plain_policies_take_the_compiled_path_and_queue_policies_do_not() -> None:
+    for policy in POLICIES:
+        with new_pool(policy, Ticks(), pure=False) as pool:
+            assert (pool._engine.table.fast is not None) == (policy in PLAIN_POLICIES), policy
+
+
+@compiled
+@given(st.binary(min_size=1, max_size=300))
+def test_the_key_hash_in_c_is_the_index_hash(key: bytes) -> None:
+    from kvcache import _lookup  # type: ignore[attr-defined]
+
+    assert _lookup.key_hash(key) == key_hash(key)
+
+
+KEYS = ["a", "b", "ключ", b"\x00raw", "long" * 40]
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "get", "get", "get", "delete", "tick", "contains"]),
+        st.sampled_from(KEYS),
+        st.sampled_from([0, 1, 100, 1023, 1024 - 5, 3000, 70_000]),  # value bytes
+        st.sampled_from([None, None, 5.0]),  # ttl
+    ),
+    max_size=40,
+)
+
+
+@compiled
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, policy=st.sampled_from(PLAIN_POLICIES))
+def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy) -> None:
+    clock = Ticks()
+    with new_pool(policy, clock, pure=False) as fast, new_pool(policy, clock, pure=True) as ref:
+        for op, key, size, ttl in ops:
+            if op == "tick":
+                clock.now += 2.0  # past a ttl after three ticks: expired entries are Python's
+                continue
+            answers = []
+            for pool in (fast, ref):
+                if op == "put":
+                    pool.put(key, bytes([size % 251]) * size, ttl=ttl)
+                    answers.append(None)
+                elif op == "get":
+                    answers.append(pool.get(key))
+                elif op == "delete":
+                    answers.append(pool.delete(key))
+                else:
+                    answers.append(key in pool)
+            assert answers[0] == answers[1], (op, key)
+        assert replace(fast.stats(), name="") == replace(ref.stats(), name="")
+        a, b = fast._engine.views, ref._engine.views
+        assert a.entries.tobytes() == b.entries.tobytes()  # hits touched alike, bit for bit
+        assert a.index.tobytes() == b.index.tobytes()
+        assert a.header["clock"] == b.header["clock"] and a.header["hits"] == b.header["hits"]
+
+
+@compiled
+@pytest.mark.parametrize("half_life", [1, 3, 2**53 - 1, 2**53, 2**62])
+def test_bug_a_half_life_past_2_53_refused_the_pool(half_life: int) -> None:
+    """Regression: a Finder refused an lfu half-life of 2**53 and more (which the C code
+    cannot divide by exactly), and so opening such a pool (a restored snapshot's
+    header) raised ValueError. Now the pool opens and such a hit is touched in Python."""
+    clock = Ticks()
+    with new_pool("lfu", clock, pure=False, lfu_half_life=half_life) as fast, new_pool(
+        "lfu", clock, pure=True, lfu_half_life=half_life
+    ) as ref:
+        assert fast._engine.table.fast is not None
+        for pool in (fast, ref):
+            for key in KEYS:
+                pool.put(key, b"v" * 100)
+            for _ in range(3):
+                assert [pool.get(key) for key in KEYS] == [b"v" * 100] * len(KEYS)
+        assert fast._engine.views.entries.tobytes() == ref._engine.views.entries.tobytes()
+
+
+C_FIELDS = [
+    "generation", "state", "hash_lo", "hash_hi", "key_len", "header_len", "value_len",
+    "first_page", "num_pages", "last_access", "freq", "expires_at",
+]
+"""The entry words the C code reads."""
+
+
+def damage_c_words(pool: kvcache.Pool, data: st.DataObject) -> None:
+    """Overwrite one word the C code reads: an index slot, an entry field, a page link."""
+    v = pool._engine.views
+    target = data.draw(st.sampled_from(["entry", "entry", "index", "links"]))
+    if target == "entry":
+        eid = data.draw(st.integers(0, 15))
+        name = data.draw(st.sampled_from(C_FIELDS))
+        v.entries[name][eid] = word(data, ENTRY_DTYPE.fields[name][0].kind, v.entries[name][eid])  # type: ignore[index]
+        return
+    array = v.index if target == "index" else v.page_next
+    slot = data.draw(st.integers(0, len(array) - 1))
+    array[slot] = word(data, "i", array[slot])
+
+
+def python_answer(pool: kvcache.Pool, key_bytes: bytes) -> int:
+    """What the Python lookup's ``find`` says, or -2 where it raises."""
+    table = pool._engine.table
+    try:
+        eid = table.index.find(*key_hash(key_bytes))
+        return eid if eid >= 0 and table.stored_key(eid) == key_bytes else -1
+    except (CorruptPoolError, IndexError, ValueError, OverflowError):
+        return -2
+
+
+@compiled
+@settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_damaged_words_give_the_python_answer_or_none_never_a_crash(data) -> None:
+    with damaged_pool("lru") as pool:
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            damage_c_words(pool, data)
+        engine = pool._engine
+        fast, raw = engine.table.fast, engine.views.raw
+        for key in [*VALUES, "absent"]:
+            key_bytes, _ = encode_key(key)
+            with engine.lock:
+                eid = fast.find_hit(raw, key_bytes, engine.clock(), False)
+                if eid >= 0:  # a hit in C is a hit the Python lookup finds too
+                    assert python_answer(pool, key_bytes) == eid
+                    value = fast.copy_value(raw, eid, 1 << 16)
+                    if value is not None:
+                        _, payload, _ = engine.table.value_views(eid)
+                        assert value == payload.join()
+            try:
+                got = pool.get(key)
+            except CorruptPoolError:
+                continue
+            assert got is None or type(got) is type(VALUES[key]) or isinstance(got, bytes)
+
+
+@compiled
+def test_a_pure_python_process_and_a_compiled_one_share_a_pool() -> None:
+    name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
+    pool = kvcache.create(name, "1M", page_size="1K", policy="lfu")
+    code = (
+        "import sys, kvcache\n"
+        "from kvcache import native\n"
+        "assert native.engine() == 'pure-python'\n"
+        "pool = kvcache.open(sys.argv[1])\n"
+        "for i in range(50):\n"
+        "    assert pool.get(f'c{i}') == bytes([i]) * (100 * i), i\n"
+        "    pool.put(f'p{i}', bytes([i + 1]) * (90 * i))\n"
+        "pool.close()\n"
+    )
+    try:
+        for i in range(50):
+            pool.put(f"c{i}", bytes([i]) * (100 * i))
+            assert pool.get(f"c{i}") == bytes([i]) * (100 * i)  # touched in C first
+        subprocess.run(
+            [sys.executable, "-c", code, name],
+            env={**os.environ, "KVCACHE_PURE_PYTHON": "1"},
+            check=True,
+        )
+        for i in range(50):
+            assert pool.get(f"p{i}") == bytes([i + 1]) * (90 * i)
+            assert pool.get(f"c{i}") == bytes([i]) * (100 * i)
+        assert pool.stats().hits == 200
+        assert pool.check() == []
+    finally:
+        pool.close()
+        kvcache.destroy(name)
+
+
+@compiled
+def test_a_foreign_geometry_is_refused() -> None:
+    from kvcache import fastpath
+
+    with damaged_pool("lru") as pool:
+        g = pool._engine.views.geometry
+        finder = native.Finder
+        with pytest.raises(ValueError):
+            finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots + 1,
+                   g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
+                   g.total_bytes, 100, fastpath.FIELDS)
+        with pytest.raises(ValueError):
+            finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
+                   g.page_next_offset, g.data_offset, g.num_pages * 2, g.page_size_bytes,
+                   g.total_bytes, 100, fastpath.FIELDS)
+        short = np.zeros(g.total_bytes - 1, np.uint8)
+        table = pool._engine.table
+        assert table.fast.find_hit(memoryview(short), b"small", 0.0, True) == -1
+        assert table.fast.copy_value(memoryview(short), 0, 1 << 16) is None
