@@ -199,6 +199,19 @@ def test_bug_last_access_beyond_the_clock_overflowed_get() -> None:
         assert pool.check() == [] and pool.get("small") == VALUES["small"]
 
 
+@pytest.mark.parametrize("read", ["get", "locate"])
+def test_bug_a_damaged_value_length_was_counted_and_broke_close(read: str) -> None:
+    """Regression: a get or locate added an entry's value_len to the bytes-out count before
+    anything checked it; 2**63 - 1 then overflowed the metrics word when the pool closed
+    (ValueError from close, after the read had rightly raised CorruptPoolError)."""
+    with damaged_pool() as pool:
+        eid = pool._engine.table.index.find(*key_hash(b"large"))
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + E.value_len] = 2**63 - 1
+        with pytest.raises(CorruptPoolError):
+            pool.get("large") if read == "get" else pool.locate("large")
+        pool.close()  # raised ValueError: memoryview: invalid value for format 'q'
+
+
 @pytest.mark.parametrize(
     ("field", "value", "use"),
     [

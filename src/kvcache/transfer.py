@@ -26,8 +26,9 @@ def spans(page_size: int, runs: list[Run], start: int, length: int) -> list[tupl
     of an entry laid over ``runs``.
 
     Raises:
-        CorruptPoolError: a negative start or length (damaged lengths): a slice
-            with a negative bound would wrap around to the end of the pool.
+        CorruptPoolError: a negative start or length, or bytes past the runs
+            (damaged lengths): a slice with a negative bound would wrap around to the
+            end of the pool, and one past it would quietly come back short.
     """
     if start < 0 or length < 0:
         raise corrupt("an entry's lengths are damaged")
@@ -43,6 +44,8 @@ def spans(page_size: int, runs: list[Run], start: int, length: int) -> list[tupl
         start = 0
         if not length:
             break
+    if length:
+        raise corrupt("an entry's lengths are past its pages")
     return pieces
 
 

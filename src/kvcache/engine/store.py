@@ -191,13 +191,16 @@ class Store:
                     if eid < 0:
                         return None
                     value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
-                    self.bytes_out += value_len if count else 0
                     inline = value_len <= INLINE_COPY_MAX_BYTES
                     if fast is not None and inline and copy is transfer.materialise:
                         value = fast.copy_value(self.views.raw, eid, INLINE_COPY_MAX_BYTES)
                         if value is not None:  # plain bytes, copied in C (kvcache.fastpath)
+                            self.bytes_out += value_len if count else 0
                             return value  # type: ignore[no-any-return]
+                    # Counted once the views have checked the length against the pages: a
+                    # damaged length must not reach the metrics region.
                     header, payload, generation = self._value_views(eid, from_file=not inline)
+                    self.bytes_out += value_len if count else 0
                     checked = self._summed(eid, payload=False) if self.verify_reads else None
                     if on_disk:
                         # Even a value read from the file maps the pages of its key (in

@@ -91,7 +91,10 @@ def locate(store: Store, key: Key) -> EntryRef | None:
         if eid < 0:
             return None
         base = eid * ENTRY_WORDS
-        store.bytes_out += store.table.eq[base + E.value_len]  # kept back, as a read's
+        value_len = store.table.eq[base + E.value_len]
+        if value_len > store.table.data.nbytes:  # damaged: never counted into the metrics
+            raise ValueError(f"entry {eid}'s value length {value_len} is past the pool's pages")
+        store.bytes_out += value_len  # kept back, as a read's
         return EntryRef(eid, store.table.eq[base + E.generation])
 
 
