@@ -94,12 +94,12 @@ class Prefix:
         if (queues.num_probation and queues.num_probation >= max(1.0, target(queues))) or (
             not queues.num_main
         ):
-            while (oldest := lists.tail(PROBATION)) >= 0 and (moves := moves - 1):
+            while (oldest := lists.tail(PROBATION)) >= 0 and (moves := moves - 1) > 0:
                 if not queues.reads(oldest):
                     return remember(queues, oldest, PROBATION)
                 queues.set_reads(oldest, 0)  # read while on probation: to main
                 lists.move(oldest, MAIN)
-        while (oldest := lists.tail(MAIN)) >= 0 and (moves := moves - 1):
+        while (oldest := lists.tail(MAIN)) >= 0 and (moves := moves - 1) > 0:
             reads = queues.reads(oldest)
             if not reads:
                 return remember(queues, oldest, MAIN)
