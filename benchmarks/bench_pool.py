@@ -712,7 +712,7 @@ def measure_put_rate(
                 # a full pool evicts about one entry per put (batches run a little ahead)
                 # a batch evicted ahead may land in the previous or the next round
                 # (under prefix each victim of a batch may take the rest of its prompt with
-                # it, and a put its sketch declines evicts nothing)
+                # it, and a put whose parent went declines, evicting nothing)
                 ahead = EVICTION_BATCH * (PROMPT_CHUNKS if policy == "prefix" else 1)
                 fewer = capacity if policy == "prefix" else ahead
                 expected_ok = -fewer <= evicted - capacity <= ahead if full else evicted == 0
@@ -784,10 +784,9 @@ def section_eviction(settings: Settings) -> None:
         [
             "priority puts pass priority=i%10; ttl puts pass ttl=1-2 h (none expire); "
             "prefix puts pass parent=",
-            "the key put before (prompts of 8 chunks); the others pass nothing. Every key is "
-            "new: prefix",
-            "admits nearly all (a few lose to a victim whose sketch counters collided; a "
-            "declined put evicts nothing).",
+            "the key put before (prompts of 8 chunks); the others pass nothing. prefix "
+            "declines a put",
+            "whose parent an eviction took (a declined put evicts nothing).",
         ],
     )
     section_worst_puts(settings)

@@ -207,9 +207,3 @@ def test_prefix_cache_stores_every_chunk_under_the_prefix_policy(make_pool):
     kv = np.ones((1, 2, 1, 16, 4), np.float32)
     assert cache.store(list(range(16)), kv) == 16
     assert cache.lookup(range(16)) == 16 and pool.check() == []
-
-
-def test_only_a_sketch_pool_counts_keys_noted_as_asked(make_pool):
-    pool = make_pool(size=SLOTS * PAGE, page_size=PAGE, policy="lru")
-    pool.note_asked(["a", "b"])  # nothing to count in
-    assert pool.check() == []

@@ -1,7 +1,7 @@
 """The entry table's operations, each run by a caller that holds the segment's lock.
 
 ``Table`` finds, reserves, publishes and removes entries: it keeps the index,
-the live list, the page allocator, the policy's queues, sketch and prefix tree
+the live list, the page allocator, the policy's queues and prefix tree
 in step with the entry table. It takes no lock and copies no value: ``Store``
 takes the lock around each step and copies between them; ``Evictor`` picks
 what ``remove`` frees.
@@ -32,7 +32,6 @@ from ..layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, H, Views
 from ..policies import Policy, QueuePolicy, get_policy
 from ..queues import MAIN, PROBATION, Queues
 from ..regret import RegretSample
-from ..sketch import FrequencySketch
 from ..tree import ChunkTree
 
 History = tuple[int, int, float]
@@ -62,7 +61,7 @@ class Summed(NamedTuple):
         return [transfer.RECORD_FIELDS.pack(*self.fields), *self.views]
 
 
-MakeRoom = Callable[..., bool]
+MakeRoom = Callable[..., None]
 """``Evictor.make_room``: evict until a number of pages and a slot are free."""
 
 
@@ -98,8 +97,6 @@ class Table:
         policy: Policy = get_policy(config.policy)
         self.policy = policy
         self.tree = ChunkTree(views) if policy.tracks_prefixes else None
-        # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
-        self.sketch = FrequencySketch(views) if policy.uses_sketch else None
         self.queues = Queues(views, self.tree) if policy.uses_queues else None
         self.regret = RegretSample(views, self.tree)
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
@@ -179,11 +176,8 @@ class Table:
         clock = h[H.clock] + 1
         h[H.clock] = clock
         q, d = self.eq, self.ed
-        if self.sketch is None:
-            idle = clock - q[base + E.last_access]
-            d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
-        else:  # the key's count over the sketch's longer history, this hit included
-            d[base + E.freq] = self.sketch.add(q[base + E.hash_lo], q[base + E.hash_hi])
+        idle = clock - q[base + E.last_access]
+        d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
         q[base + E.last_access] = clock
         if self.queues is not None:
             cast(QueuePolicy, self.policy).hit(self.queues, eid)
@@ -271,9 +265,8 @@ class Table:
         Args:
             evict_within_reserved: if the pool cannot grow, evict to fit the
                 pages it has rather than fail with ``OutOfSharedMemoryError``.
-            fresh: a put, not a restore or promotion: where the policy keeps a
-                frequency sketch, it counts the key, and a new key that makes
-                the pool evict is admitted only if the policy says so (TinyLFU).
+            fresh: a put, not a restore or promotion: a new key is a request for it
+                (the regret sample) and a miss to the queue policies.
             parent: a chunk's parent key; a chunk whose parent is not here is
                 declined, as ``publish`` would decline it.
         """
@@ -282,24 +275,15 @@ class Table:
         if new_key:
             self.regret.request(lo, hi, self.clock)
         if parent is not None and self.find(parent) < 0:
-            if self.sketch is not None and fresh:
-                self.sketch.add(lo, hi)  # asked for all the same
             return -1
-        count = 1.0
-        candidate = None
         recalled = -1
         if self.queues is not None and new_key:
             if cast(QueuePolicy, self.policy).recalls_before_evicting:
                 recalled = self._recall(self.queues, lo)
             else:
                 recalled = RECALL_AT_ADMIT
-        if self.sketch is not None and fresh:
-            count = candidate = float(self.sketch.add(lo, hi))
-            if not new_key:
-                candidate = None  # stored again: it was admitted before
         try:
-            if not self.make_room(num_pages, candidate=candidate, recalled=recalled):
-                return -1
+            self.make_room(num_pages, recalled=recalled)
         except PoolFullError:
             if (self.views.entries["state"] == WRITING).any():
                 raise
@@ -331,7 +315,7 @@ class Table:
         q[base + E.probation] = q[base + E.queue_prev] = q[base + E.queue_next] = 0
         # until published (see _admit)
         q[base + E.reads] = recalled if self.queues is not None else 0
-        d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
+        d[base + E.freq] = 1.0  # a put is one access
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self.owner
         q[base + E.state] = WRITING
@@ -369,8 +353,6 @@ class Table:
         clock = h[H.clock] + 1
         h[H.clock] = clock
         created, last_access, freq = history or (clock, clock, d[base + E.freq])
-        if history is not None and self.sketch is not None:  # snapshots keep no sketch
-            self.sketch.raise_to(lo, q[base + E.hash_hi], freq)
         q[base + E.created] = created
         q[base + E.last_access] = last_access
         d[base + E.freq] = freq
@@ -456,5 +438,5 @@ class Table:
         self.entries.release(eid)
 
 
-def _no_room(num_pages: int, **_: object) -> bool:
+def _no_room(num_pages: int, **_: object) -> None:
     raise PoolFullError("no eviction is wired to this table")

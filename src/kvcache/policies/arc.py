@@ -32,7 +32,6 @@ class ARC:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_queues = True
-    uses_sketch = False
     recalls_before_evicting = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

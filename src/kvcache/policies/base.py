@@ -44,10 +44,6 @@ class Policy(Protocol):
     ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
     it. ``uses_queues``: the policy is a ``QueuePolicy`` and the pool keeps its
     queues (``kvcache.queues``), run exactly rather than scored on samples.
-    ``uses_sketch``: the pool keeps a frequency sketch of keys asked for in the
-    ghost region (``kvcache.sketch``), starts an entry's access count at
-    its key's count, and admits a new key that would evict only if the sketch
-    says so.
     """
 
     name: str
@@ -55,7 +51,6 @@ class Policy(Protocol):
     fields: tuple[str, ...]
     tracks_prefixes: bool
     uses_queues: bool
-    uses_sketch: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""

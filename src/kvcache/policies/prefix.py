@@ -58,7 +58,6 @@ class Prefix:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = True
     uses_queues = True
-    uses_sketch = False
     recalls_before_evicting = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

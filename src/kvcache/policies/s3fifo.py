@@ -36,7 +36,6 @@ class S3FIFO:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_queues = True
-    uses_sketch = False
     recalls_before_evicting = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
