@@ -207,3 +207,19 @@ def test_prefix_cache_stores_every_chunk_under_the_prefix_policy(make_pool):
     kv = np.ones((1, 2, 1, 16, 4), np.float32)
     assert cache.store(list(range(16)), kv) == 16
     assert cache.lookup(range(16)) == 16 and pool.check() == []
+
+
+def test_regression_an_eviction_walked_the_chunks_below_its_victim_three_times(prefix_pool):
+    """Under the lock, the policy (to ghost them), the regret sample and the removal each
+    walked the victim's chunks; the policy's walk now serves all three."""
+    pool = prefix_pool()
+    put_prompt(pool, "sys/a/b/c")
+    put_prompt(pool, "x/y/z/w")
+    tree = pool._engine.table.tree
+    walks: list[int] = []
+    walk = tree.descendants
+    tree.descendants = lambda eid: walks.append(eid) or walk(eid)  # counts, then walks
+    pool.put("q", b"v")  # the oldest unread chunk, "sys", goes with its three below
+    assert set(pool.keys()) == {"x", "x/y", "x/y/z", "x/y/z/w", "q"}
+    assert len(walks) == 1 and pool.check() == [] and stranded(pool) == []
+    assert pool._engine.table.queues.ghosts.count(PROBATION) == 4

@@ -131,7 +131,10 @@ class Evictor:
             for eid in victims.tolist():
                 if self._eq[eid * ENTRY_WORDS + E.state] != READY:
                     continue  # drawn twice, or gone with an evicted parent
-                self.evict_one(eid)
+                # an exact victim is the queue policy's, which walked to its chunks just now
+                queues = self._queues
+                below = queues.take_descendants(eid) if queues is not None and exact else None
+                self.evict_one(eid, below)
                 if exact and available() >= num_pages and entries.has_free_slot():
                     return
 
@@ -159,11 +162,12 @@ class Evictor:
                     break
         return list(chosen.items())
 
-    def evict_one(self, eid: int) -> int:
-        """Evict a READY entry (with its descendants, where the policy tracks prefixes); how
-        many went."""
-        self._regret.evict(eid, self._clock())
-        removed = self._remove(eid)
+    def evict_one(self, eid: int, below: list[int] | None = None) -> int:
+        """Evict a READY entry (with its descendants, where the policy tracks prefixes: ``below``,
+        where the caller walked to them in this hold of the lock); how many went."""
+        chain = self.table.chain(eid, below)
+        self._regret.evict(chain, self._clock())
+        removed = self._remove(eid, chain)
         self._hq[H.evictions] += removed
         return removed
 

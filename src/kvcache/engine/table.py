@@ -98,7 +98,7 @@ class Table:
         self.policy = policy
         self.tree = ChunkTree(views) if policy.tracks_prefixes else None
         self.queues = Queues(views, self.tree) if policy.uses_queues else None
-        self.regret = RegretSample(views, self.tree)
+        self.regret = RegretSample(views)
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
         self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
         self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
@@ -411,16 +411,22 @@ class Table:
         self.remove(eid)
         self.hq[H.damaged] += 1
 
-    def remove(self, eid: int) -> int:
+    def chain(self, eid: int, below: list[int] | None = None) -> list[int]:
+        """What ``remove`` takes: ``eid`` and, in a prefix-tracking pool, the chunks below it
+        (unreachable without it), leaves first. ``below``: those chunks, where the caller
+        walked to them already in this hold of the lock."""
+        if self.tree is None:
+            return [eid]
+        return [*(self.tree.descendants(eid) if below is None else below), eid]
+
+    def remove(self, eid: int, chain: list[int] | None = None) -> int:
         """Unindex a READY entry and free its pages and slot, and in a prefix-tracking pool its
-        descendants' (unreachable without it), leaves first; how many entries went."""
-        tree = self.tree
-        if tree is None:
-            self._unindex(eid)
-            return 1
-        doomed = [*tree.descendants(eid), eid]
+        descendants' (``chain``: ``self.chain(eid)``, where the caller has it); how many
+        entries went."""
+        doomed, tree = self.chain(eid) if chain is None else chain, self.tree
         for each in doomed:
-            tree.unlink(each)
+            if tree is not None:
+                tree.unlink(each)
             self._unindex(each)
         return len(doomed)
 
