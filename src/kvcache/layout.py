@@ -61,7 +61,7 @@ target, main, ghosts) instead of a frequency sketch in the ghost region, so a
 format-8 prefix pool's ghost region and entry lists would be read wrong:
 format-8 pools are refused (persist and restore them). The header gains the
 eviction regret sample (``kvcache.regret``) in words it left zero; the sketch's
-word is kept, unused, as ``reserved``.
+word became ``last_admitted``, which a zero leaves meaning "none".
 8: ``s3fifo`` and ``arc`` run exactly as their papers define them,
 with their queues in the segment: entries gain list links and a read count
 (``queue_prev``, ``queue_next``, ``reads``), the header the lists' ends and the
@@ -79,7 +79,7 @@ snapshots carry no settings).
 evictions by reason, failed puts, PrefixCache tokens by model, latency histograms),
 moving every region after it, so format-5 pools are refused like older ones;
 the header's last word counts the additions to a ``prefix`` pool's frequency
-sketch (kept in the ghost region) since it last halved (now ``reserved``).
+sketch (kept in the ghost region) since it last halved (now ``last_admitted``).
 5: entries record their place in a prompt's chunk tree (parent, children,
 depth) and probation, and a ghost table remembers keys evicted lately, for the
 ``prefix`` policy; the longer records move every region, so format-4 pools are
@@ -191,10 +191,11 @@ HEADER_DTYPE = np.dtype(
         ("num_ghosts_main", "<i8"),  # ghosts of keys that left the main queue (arc: B2)
         # bumped by each change of the pool's settings file (kvcache.settings)
         ("settings_serial", "<i8"),
-        # reserved: formats 6-8 counted a prefix pool's frequency sketch here. No format-9
-        # pool writes it (prefix runs on the queues since), so we keep the word rather than
-        # bump the format, which would refuse every pool to gain one word of header.
-        ("reserved", "<i8"),
+        # the prefix policy's last admission: (entry id + 1) * 4 + its ghost's kind + 1, 0 =
+        # none (kvcache.queues). Formats 6-8 counted a frequency sketch here, which no
+        # format-9 pool wrote: its zero reads as "none", so the word needs no format bump
+        # (a bump would refuse every pool to gain one word).
+        ("last_admitted", "<i8"),
         # format 8: the exact queues of s3fifo and arc (kvcache.queues): ends of the two
         # entry lists (ids + 1, 0 = empty) and the ghost ring's insert and tail positions
         ("probation_head", "<i8"),

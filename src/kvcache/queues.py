@@ -308,6 +308,18 @@ class Queues:
     def target(self, value: float) -> None:
         self._hd[H.probation_target] = value
 
+    @property
+    def last_admitted(self) -> tuple[int, int]:
+        """The entry ``prefix`` admitted last and the kind of its key's ghost (-1: none), or
+        (-1, -1)."""
+        word = self._h[H.last_admitted]
+        return word // 4 - 1, word % 4 - 1
+
+    @last_admitted.setter
+    def last_admitted(self, admitted: tuple[int, int]) -> None:
+        eid, recalled = admitted
+        self._h[H.last_admitted] = (eid + 1) * 4 + recalled + 1
+
     def reads(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.reads]
 

@@ -274,12 +274,13 @@ class Table:
         new_key = fresh and self.index.find(lo, hi) < 0
         if new_key:
             self.regret.request(lo, hi, self.clock)
-        if parent is not None and self.find(parent) < 0:
+        parent_eid = -1 if parent is None else self.find(parent)
+        if parent is not None and parent_eid < 0:
             return -1
         recalled = -1
         if self.queues is not None and new_key:
             if cast(QueuePolicy, self.policy).recalls_before_evicting:
-                recalled = self._recall(self.queues, lo)
+                recalled = self._recall(self.queues, lo, parent_eid)
             else:
                 recalled = RECALL_AT_ADMIT
         try:
@@ -394,14 +395,15 @@ class Table:
         else:
             recalled = q[base + E.reads]
             if recalled == RECALL_AT_ADMIT:
-                recalled = self._recall(queues, q[base + E.hash_lo])
+                recalled = self._recall(queues, q[base + E.hash_lo], -1)
             policy.admit(queues, eid, recalled)
 
-    def _recall(self, queues: Queues, lo: int) -> int:
-        """Before a key not held is put: forget its ghost and tell the policy; the ghost's
-        kind (``queues.PROBATION`` or ``MAIN``), or -1 if its key was no ghost."""
+    def _recall(self, queues: Queues, lo: int, parent: int) -> int:
+        """Before a key not held is put (under the chunk ``parent``, or -1): forget its ghost
+        and tell the policy; the ghost's kind (``queues.PROBATION`` or ``MAIN``), or -1 if
+        its key was no ghost."""
         kind = queues.ghosts.remove(lo)
-        cast(QueuePolicy, self.policy).miss(queues, kind)
+        cast(QueuePolicy, self.policy).miss(queues, kind, parent)
         return kind
 
     # ----------------------------------------------------------------- removal

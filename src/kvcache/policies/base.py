@@ -61,7 +61,8 @@ class QueuePolicy(Policy, Protocol):
     """A policy defined by queues (``s3fifo``, ``arc``), run exactly on the pool's ``Queues``.
 
     The pool calls ``miss`` before it stores a key it does not hold (``recalled``:
-    the kind of the key's ghost, which the pool has forgotten, or -1), ``victim``
+    the kind of the key's ghost, which the pool has forgotten, or -1; ``parent``: the
+    entry of the chunk it extends, in a prefix-tracking pool, else -1), ``victim``
     each time it must evict (with the same ``recalled``), ``admit`` once the new
     entry is stored, and ``hit`` on each read and on a put of a key it holds.
     Explicit ``Pool.evict`` still ranks by ``score``.
@@ -73,7 +74,7 @@ class QueuePolicy(Policy, Protocol):
 
     recalls_before_evicting: bool
 
-    def miss(self, queues: Queues, recalled: int) -> None: ...
+    def miss(self, queues: Queues, recalled: int, parent: int) -> None: ...
 
     def victim(self, queues: Queues, recalled: int) -> int:
         """The entry to evict now; it may move others first and remember it as a ghost."""

@@ -46,7 +46,7 @@ class S3FIFO:
         queues.set_reads(eid, 0)
         queues.lists.push(eid, MAIN if recalled >= 0 else PROBATION)
 
-    def miss(self, queues: Queues, recalled: int) -> None:
+    def miss(self, queues: Queues, recalled: int, parent: int) -> None:
         """A key not held is about to be put: nothing to adapt (S3-FIFO's shares are fixed)."""
 
     def hit(self, queues: Queues, eid: int) -> None:
