@@ -873,7 +873,7 @@ GENERATED_TRACES = (
     *(("conversation", seed, 4_000) for seed in (1, 2)),
 )
 """Traces ``conversation_trace.py`` writes for section 4 beside the shared one: the chat
-shape (real-like; ``prefix`` was tuned on seed 1 only) and the older, friendlier shape."""
+shape (real-like) and the older, friendlier shape; ``prefix`` was tuned on seed 1 of each only."""
 
 
 def section_traces(paths: Sequence[Path], settings: Settings) -> None:
@@ -952,8 +952,8 @@ def print_summary_table(summaries: list[tuple[str, list[sim.Outcome]]], settings
         [
             "capacity as a share of each trace's distinct blocks; the classics are lru, "
             "s3fifo and arc;",
-            "prefix was tuned on chat1 only; the shared trace and the other seeds and shapes "
-            "judge it.",
+            "prefix was tuned on chat1 and conversation1 only; the shared trace and the other "
+            "seeds judge it.",
         ],
     )
 

@@ -117,14 +117,7 @@ class ExactARC:
 
     def get(self, key: Hashable) -> bool:
         """Case I: a hit in T1 or T2 moves the key to T2's MRU end."""
-        if key in self.t1:
-            del self.t1[key]
-        elif key in self.t2:
-            del self.t2[key]
-        else:
-            return False
-        self.t2[key] = None
-        return True
+        return read_to_recent(key, self.t1, self.t2)
 
     def put(self, key: Hashable) -> None:
         """Cases II-IV: a miss, the key then stored (a key held already: case I)."""
@@ -197,14 +190,8 @@ class PrefixModel:
         return self.p or SMALL_SHARE * self.live()
 
     def get(self, key: Hashable) -> bool:
-        if key in self.small:
-            del self.small[key]
-        elif key in self.main:
-            del self.main[key]
-        else:
-            return False
-        self.main[key] = None
-        return True
+        """A read moves the key to main's most recent end, as ARC's case I."""
+        return read_to_recent(key, self.small, self.main)
 
     def put(self, key: Hashable, parent: Hashable | None) -> None:
         if self.get(key) or (parent is not None and parent not in self.parent):
@@ -260,6 +247,20 @@ class PrefixModel:
                 order.append(child)
                 stack.append(child)
         return order[::-1]
+
+
+def read_to_recent(
+    key: Hashable, first: OrderedDict[Hashable, None], recent: OrderedDict[Hashable, None]
+) -> bool:
+    """Whether ``key`` is in either list; if so, move it to the most recent end of ``recent``."""
+    if key in first:
+        del first[key]
+    elif key in recent:
+        del recent[key]
+    else:
+        return False
+    recent[key] = None
+    return True
 
 
 MODELS = {"lru": ExactLRU, "s3fifo": ExactS3FIFO, "arc": ExactARC}
