@@ -712,7 +712,7 @@ def measure_put_rate(
                 # a full pool evicts about one entry per put (batches run a little ahead)
                 # a batch evicted ahead may land in the previous or the next round
                 # (under prefix each victim of a batch may take the rest of its prompt with
-                # it, and a put its sketch declines evicts nothing)
+                # it, and a put whose parent went declines, evicting nothing)
                 ahead = EVICTION_BATCH * (PROMPT_CHUNKS if policy == "prefix" else 1)
                 fewer = capacity if policy == "prefix" else ahead
                 expected_ok = -fewer <= evicted - capacity <= ahead if full else evicted == 0
@@ -784,10 +784,9 @@ def section_eviction(settings: Settings) -> None:
         [
             "priority puts pass priority=i%10; ttl puts pass ttl=1-2 h (none expire); "
             "prefix puts pass parent=",
-            "the key put before (prompts of 8 chunks); the others pass nothing. Every key is "
-            "new: prefix",
-            "admits nearly all (a few lose to a victim whose sketch counters collided; a "
-            "declined put evicts nothing).",
+            "the key put before (prompts of 8 chunks); the others pass nothing. prefix "
+            "declines a put",
+            "whose parent an eviction took (a declined put evicts nothing).",
         ],
     )
     section_worst_puts(settings)
@@ -874,7 +873,7 @@ GENERATED_TRACES = (
     *(("conversation", seed, 4_000) for seed in (1, 2)),
 )
 """Traces ``conversation_trace.py`` writes for section 4 beside the shared one: the chat
-shape (real-like; ``prefix`` was tuned on seed 1 only) and the older, friendlier shape."""
+shape (real-like) and the older, friendlier shape; ``prefix`` was tuned on seed 1 of each only."""
 
 
 def section_traces(paths: Sequence[Path], settings: Settings) -> None:
@@ -953,8 +952,8 @@ def print_summary_table(summaries: list[tuple[str, list[sim.Outcome]]], settings
         [
             "capacity as a share of each trace's distinct blocks; the classics are lru, "
             "s3fifo and arc;",
-            "prefix was tuned on chat1 only; the shared trace and the other seeds and shapes "
-            "judge it.",
+            "prefix was tuned on chat1 and conversation1 only; the shared trace and the other "
+            "seeds judge it.",
         ],
     )
 

@@ -117,14 +117,7 @@ class ExactARC:
 
     def get(self, key: Hashable) -> bool:
         """Case I: a hit in T1 or T2 moves the key to T2's MRU end."""
-        if key in self.t1:
-            del self.t1[key]
-        elif key in self.t2:
-            del self.t2[key]
-        else:
-            return False
-        self.t2[key] = None
-        return True
+        return read_to_recent(key, self.t1, self.t2)
 
     def put(self, key: Hashable) -> None:
         """Cases II-IV: a miss, the key then stored (a key held already: case I)."""
@@ -169,82 +162,105 @@ class ExactARC:
 
 class PrefixModel:
     """``policies/prefix.py`` written plainly: a chunk is stored only under a chunk held and
-    goes with the chunks below it; S3-FIFO's probation and main queues, ARC's two ghost
-    lists (a victim's chunks below it join its ghost list too, at most ``capacity``
-    ghosts in all) and a probation target moved by ghost hits, ``max(1, capacity /
-    2000)`` entries times ARC's ratio, from 10% of the capacity, within 1-100%."""
+    goes with the chunks below it; a FIFO probation and an LRU main queue (a read moves a
+    key to main), ARC's two ghost lists (a victim's chunks below it join its ghost list
+    too, at most the live keys in all) and a probation target moved by a returning
+    prompt's first recalled chunk, ``max(1, live / 200)`` keys times ARC's ratio, from 10%
+    of the live keys, within 1-100%. As the pool does, it takes its capacity in the
+    policy's arithmetic as the keys it holds (``live``), and walks a victim's chunks
+    newest child first, so that the two make the same decisions step for step."""
 
     def __init__(self, capacity: int) -> None:
-        self.c = capacity
-        self.p = SMALL_SHARE * capacity
-        self.step = max(1.0, capacity / 2000)
-        self.small: OrderedDict[Hashable, None] = OrderedDict()
-        self.main: OrderedDict[Hashable, None] = OrderedDict()
+        self.capacity = capacity
+        self.p = 0.0  # ARC's p, once a ghost moved it (0: not yet)
+        self.small: OrderedDict[Hashable, None] = OrderedDict()  # oldest first
+        self.main: OrderedDict[Hashable, None] = OrderedDict()  # least recent first
         self.ghosts: dict[str, OrderedDict[Hashable, None]] = {
             "small": OrderedDict(),
             "main": OrderedDict(),
         }
-        self.freq: dict[Hashable, int] = {}
-        self.children: dict[Hashable, set[Hashable]] = {}
+        self.children: dict[Hashable, list[Hashable]] = {}  # newest first
         self.parent: dict[Hashable, Hashable | None] = {}
+        self.last: tuple[Hashable, str | None] | None = None  # the last put and its ghost
+
+    def live(self) -> int:
+        return len(self.small) + len(self.main)
+
+    def target(self) -> float:
+        return self.p or SMALL_SHARE * self.live()
 
     def get(self, key: Hashable) -> bool:
-        if key in self.freq:
-            self.freq[key] = min(self.freq[key] + 1, 3)
-            return True
-        return False
+        """A read moves the key to main's most recent end, as ARC's case I."""
+        return read_to_recent(key, self.small, self.main)
 
     def put(self, key: Hashable, parent: Hashable | None) -> None:
-        if self.get(key) or (parent is not None and parent not in self.freq):
+        if self.get(key) or (parent is not None and parent not in self.parent):
             return
-        b1, b2 = len(self.ghosts["small"]), len(self.ghosts["main"])
         recalled = next((kind for kind, keys in self.ghosts.items() if key in keys), None)
-        if recalled == "small":
-            self.p = min(self.c, self.p + self.step * max(b2 / b1, 1))
-        elif recalled == "main":
-            self.p = max(0.01 * self.c, self.p - self.step * max(b1 / b2, 1))
         if recalled is not None:
             del self.ghosts[recalled][key]
-        while len(self.small) + len(self.main) >= self.c:
+            if self.last != (parent, recalled):  # once per returning prompt
+                self._adapt(recalled)
+        while self.live() >= self.capacity:
             self._evict()
+        if parent is not None and parent not in self.parent:
+            return  # evicted to make room for it: the chunk has no way in any more
+        self.last = (key, recalled)
         (self.main if recalled else self.small)[key] = None
-        self.freq[key] = 0
         self.parent[key] = parent
         if parent is not None:
-            self.children.setdefault(parent, set()).add(key)
+            self.children.setdefault(parent, []).insert(0, key)
+
+    def _adapt(self, recalled: str) -> None:
+        c, b1, b2 = self.live(), len(self.ghosts["small"]), len(self.ghosts["main"])
+        step = max(1.0, c / 200)
+        if recalled == "small":
+            self.p = min(c, self.target() + step * max(b2 / (b1 + 1), 1))
+        else:
+            self.p = max(0.01 * c, self.target() - step * max(b1 / (b2 + 1), 1))
 
     def _evict(self) -> None:
-        if (self.small and len(self.small) >= max(1, self.p)) or not self.main:
-            while self.small:
-                key = next(iter(self.small))
-                if not self.freq[key]:
-                    return self._remove(key, "small")
-                self.freq[key] = 0
-                del self.small[key]
-                self.main[key] = None
-        while True:
-            key = next(iter(self.main))
-            if not self.freq[key]:
-                return self._remove(key, "main")
-            self.freq[key] -= 1
-            self.main.move_to_end(key)
+        if (self.small and len(self.small) >= max(1, self.target())) or not self.main:
+            victim, kind = next(iter(self.small)), "small"
+        else:
+            victim, kind = next(iter(self.main)), "main"
+        chain = [*self._below(victim), victim]
+        c, small, main = self.live(), self.ghosts["small"], self.ghosts["main"]
+        for key in chain:
+            self.ghosts[kind][key] = None
+        while len(small) + len(main) > c:
+            drop_small = small and (len(small) > c - self.target() or not main)
+            (small if drop_small else main).popitem(last=False)
+        for key in chain:
+            above = self.parent.pop(key)
+            if above is not None and above in self.children:
+                self.children[above].remove(key)
+            self.children.pop(key, None)
+            self.small.pop(key, None)
+            self.main.pop(key, None)
 
-    def _remove(self, key: Hashable, kind: str) -> None:
-        for child in list(self.children.get(key, ())):
-            self._remove(child, kind)
-        self.children.pop(key, None)
-        above = self.parent.pop(key)
-        if above is not None:
-            self.children[above].discard(key)
-        del self.freq[key]
-        self.small.pop(key, None)
-        self.main.pop(key, None)
-        self.ghosts[kind][key] = None
-        small, main = self.ghosts["small"], self.ghosts["main"]
-        while len(small) + len(main) > self.c:
-            (small if small and (len(small) > self.c - self.p or not main) else main).popitem(
-                last=False
-            )
+    def _below(self, key: Hashable) -> list[Hashable]:
+        """The chunks below ``key``, leaves first, in the pool's order (``ChunkTree``)."""
+        order, stack = [], [key]
+        while stack:
+            for child in self.children.get(stack.pop(), ()):
+                order.append(child)
+                stack.append(child)
+        return order[::-1]
+
+
+def read_to_recent(
+    key: Hashable, first: OrderedDict[Hashable, None], recent: OrderedDict[Hashable, None]
+) -> bool:
+    """Whether ``key`` is in either list; if so, move it to the most recent end of ``recent``."""
+    if key in first:
+        del first[key]
+    elif key in recent:
+        del recent[key]
+    else:
+        return False
+    recent[key] = None
+    return True
 
 
 MODELS = {"lru": ExactLRU, "s3fifo": ExactS3FIFO, "arc": ExactARC}

@@ -129,6 +129,35 @@ def test_the_pool_runs_each_classic_exactly(policy, requests, capacity):
         assert pool.check() == []
 
 
+def drive_chunks(pool: kvcache.Pool, model: PrefixModel, requests: list[list[int]]) -> None:
+    """Each request through the pool and the model as ``simulate`` replays it under
+    ``prefix``: read up to the first miss, then store the rest, each block under the one
+    before it. The hits must be the same, request by request."""
+    value, buffer = bytes(VALUE_BYTES), bytearray(VALUE_BYTES)
+    for request in requests:
+        read = 0
+        while read < len(request) and pool.get_into(key(request[read]), buffer):
+            read += 1
+        expected = 0
+        while expected < len(request) and model.get(request[expected]):
+            expected += 1
+        assert read == expected
+        for position in range(read, len(request)):
+            parent = request[position - 1] if position else None
+            pool.put(key(request[position]), value, parent=None if parent is None else key(parent))
+            model.put(request[position], parent)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests=prompts(), capacity=st.integers(1, 40))
+def test_the_pool_runs_prefix_as_its_model(requests, capacity):
+    with scratch_pool("prefix", capacity) as pool:
+        model = PrefixModel(capacity)
+        drive_chunks(pool, model, requests)
+        assert held(pool) == set(model.parent)
+        assert pool.check() == []
+
+
 @pytest.mark.parametrize("policy", CLASSICS)
 def test_handles_taking_turns_share_one_policy(policy, make_pool):
     """The queues live in the segment: two handles (as two processes would) taking turns

@@ -81,6 +81,31 @@ def test_a_chain_put_again_from_probations_ghosts_goes_to_main_and_grows_probati
     assert pool.check() == []
 
 
+def test_regression_a_returning_prompt_moved_probations_target_once_per_chunk(prefix_pool):
+    """A prompt that comes back from the ghosts is one sign that probation was too small,
+    however many chunks it has: counted per chunk, long prompts swung the target across
+    the pool. Its first chunk moves the target, the chunks under it do not; the next
+    prompt that comes back moves it again."""
+    pool = prefix_pool(slots=40)
+    put_prompt(pool, "a/b/c/d/e/f")
+    put_prompt(pool, "z/y")
+    for i in range(40):
+        pool.put(f"k{i}", b"v")  # a goes with the five below it, then z with z/y
+    queues = pool._engine.table.queues
+    assert queues.ghosts.count(PROBATION) == 8 and queues.target == 0.0
+    targets = []
+    for prompt in ("a/b/c/d/e/f", "z/y"):
+        parts = prompt.split("/")
+        for end in range(1, len(parts) + 1):
+            parent = "/".join(parts[: end - 1]) or None
+            pool.put("/".join(parts[:end]), b"v", parent=parent)
+            targets.append(queues.target)
+    first = targets[0]
+    assert first > 0.0 and targets[:6] == [first] * 6  # one prompt: one move
+    assert targets[6] > first and targets[7] == targets[6]
+    assert pool.check() == []
+
+
 def test_a_chunk_whose_parent_is_not_here_is_not_stored(prefix_pool):
     pool = prefix_pool()
     pool.put("a/b", b"v", parent="a")
@@ -209,7 +234,17 @@ def test_prefix_cache_stores_every_chunk_under_the_prefix_policy(make_pool):
     assert cache.lookup(range(16)) == 16 and pool.check() == []
 
 
-def test_only_a_sketch_pool_counts_keys_noted_as_asked(make_pool):
-    pool = make_pool(size=SLOTS * PAGE, page_size=PAGE, policy="lru")
-    pool.note_asked(["a", "b"])  # nothing to count in
-    assert pool.check() == []
+def test_regression_an_eviction_walked_the_chunks_below_its_victim_three_times(prefix_pool):
+    """Under the lock, the policy (to ghost them), the regret sample and the removal each
+    walked the victim's chunks; the policy's walk now serves all three."""
+    pool = prefix_pool()
+    put_prompt(pool, "sys/a/b/c")
+    put_prompt(pool, "x/y/z/w")
+    tree = pool._engine.table.tree
+    walks: list[int] = []
+    walk = tree.descendants
+    tree.descendants = lambda eid: walks.append(eid) or walk(eid)  # counts, then walks
+    pool.put("q", b"v")  # the oldest unread chunk, "sys", goes with its three below
+    assert set(pool.keys()) == {"x", "x/y", "x/y/z", "x/y/z/w", "q"}
+    assert len(walks) == 1 and pool.check() == [] and stranded(pool) == []
+    assert pool._engine.table.queues.ghosts.count(PROBATION) == 4

@@ -3,6 +3,7 @@ bounds that keep its compaction O(1) amortised per put."""
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -128,3 +129,36 @@ def test_admit_leaves_no_note_in_the_reads_word(small_pool, policy):
     entries = pool._engine.views.entries
     reads = entries["reads"][entries["state"] == READY]
     assert reads.size and ((reads >= 0) & (reads <= 3)).all(), reads
+
+
+def _put_into_damaged(name: str, errors: multiprocessing.Queue) -> None:
+    with kvcache.open(name) as pool:
+        try:
+            pool.put("new", b"v" * 100)
+        except kvcache.CorruptPoolError as exc:
+            errors.put(str(exc))
+
+
+def test_regression_a_damaged_read_count_spun_the_s3fifo_victim_loop_forever(make_pool):
+    """A main entry's read count below zero never reaches zero: each reinsertion took one
+    off and the victim loop went on, under the lock, for ever. Now the put reports damage.
+    The put runs in a child, so that the old code fails here instead of hanging."""
+    slots = 32  # probation's share is 3 entries: after the next put it holds fewer
+    pool = make_pool(size=slots * 1024, page_size=1024, policy="s3fifo")
+    for number in range(slots):
+        pool.put(f"k{number}", b"v" * 100)
+    for number in range(slots):
+        pool.get(f"k{number}")
+    pool.put("first", b"v" * 100)  # every key moves to main, read; main's oldest goes
+    entries = pool._engine.views.entries
+    entries["reads"][(entries["state"] == READY) & (entries["probation"] == MAIN)] = -1
+    context = multiprocessing.get_context("spawn")
+    errors = context.Queue()
+    child = context.Process(target=_put_into_damaged, args=(pool.name, errors))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the put into a damaged pool did not return")
+    assert "queue lists" in errors.get(timeout=10)

@@ -24,8 +24,7 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               +-----------------------------+
               | ghosts                      |  3 x index_slots x int64: a ring of keys
               |                             |  evicted lately and a table to find
-              |                             |  them (s3fifo, arc: see queues); prefix
-              |                             |  pools: a frequency sketch (see sketch)
+              |                             |  them (s3fifo, arc, prefix: see queues)
               +-----------------------------+
               | page links                  |  num_pages x int64: next page of the
               |                             |  same value (or free list), -1 = end
@@ -61,7 +60,8 @@ READABLE_VERSIONS = (9,)
 target, main, ghosts) instead of a frequency sketch in the ghost region, so a
 format-8 prefix pool's ghost region and entry lists would be read wrong:
 format-8 pools are refused (persist and restore them). The header gains the
-eviction regret sample (``kvcache.regret``) in words it left zero.
+eviction regret sample (``kvcache.regret``) in words it left zero; the sketch's
+word became ``last_admitted``, which a zero leaves meaning "none".
 8: ``s3fifo`` and ``arc`` run exactly as their papers define them,
 with their queues in the segment: entries gain list links and a read count
 (``queue_prev``, ``queue_next``, ``reads``), the header the lists' ends and the
@@ -79,7 +79,7 @@ snapshots carry no settings).
 evictions by reason, failed puts, PrefixCache tokens by model, latency histograms),
 moving every region after it, so format-5 pools are refused like older ones;
 the header's last word counts the additions to a ``prefix`` pool's frequency
-sketch (kept in the ghost region) since it last halved (``sketch_additions``).
+sketch (kept in the ghost region) since it last halved (now ``last_admitted``).
 5: entries record their place in a prompt's chunk tree (parent, children,
 depth) and probation, and a ghost table remembers keys evicted lately, for the
 ``prefix`` policy; the longer records move every region, so format-4 pools are
@@ -191,8 +191,11 @@ HEADER_DTYPE = np.dtype(
         ("num_ghosts_main", "<i8"),  # ghosts of keys that left the main queue (arc: B2)
         # bumped by each change of the pool's settings file (kvcache.settings)
         ("settings_serial", "<i8"),
-        # the prefix policy's frequency sketch (kvcache.sketch): additions since it last halved
-        ("sketch_additions", "<i8"),
+        # the prefix policy's last admission: (entry id + 1) * 4 + its ghost's kind + 1, 0 =
+        # none (kvcache.queues). Formats 6-8 counted a frequency sketch here, which no
+        # format-9 pool wrote: its zero reads as "none", so the word needs no format bump
+        # (a bump would refuse every pool to gain one word).
+        ("last_admitted", "<i8"),
         # format 8: the exact queues of s3fifo and arc (kvcache.queues): ends of the two
         # entry lists (ids + 1, 0 = empty) and the ghost ring's insert and tail positions
         ("probation_head", "<i8"),
@@ -278,7 +281,7 @@ ENTRY_WORDS = ENTRY_DTYPE.itemsize // 8
 GHOST_WORDS_PER_SLOT = 3
 """The ghost region's words per index slot (format 8): the ghost ring of ``kvcache.queues``,
 its chain links and its bucket heads take one each (so the ring holds at least twice the
-entry slots); a ``prefix`` pool's sketch uses the first third."""
+entry slots)."""
 
 
 class _WordIndex:
@@ -394,8 +397,6 @@ class Views:
         self.index = np.ndarray((g.index_slots,), np.int64, buffer=buffer, offset=g.index_offset)
         ghosts = raw[g.ghost_offset : g.ghost_offset + GHOST_WORDS_PER_SLOT * g.index_slots * 8]
         self.ghost_q = ghosts.cast("q")
-        # the first index_slots words, unsigned: the prefix policy's sketch
-        self.ghost_uq = ghosts[: g.index_slots * 8].cast("Q")
         self.page_next_q = raw[g.page_next_offset : g.page_next_offset + g.num_pages * 8].cast("q")
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset

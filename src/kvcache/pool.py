@@ -364,14 +364,6 @@ class Pool(abc.MutableMapping[Key, Value]):
         return self._chain.in_local_tiers(key)
 
     @reports_damage
-    def note_asked(self, keys: Sequence[Key]) -> None:
-        """Count ``keys`` as asked for, as a put of each would, without storing them: in the
-        policy's frequency sketch (``prefix``; other policies keep none, and ignore it).
-        ``PrefixCache.store`` notes the chunks after one the pool declined, which would be
-        declined too (no parent), so that their counts grow as the simulation's do."""
-        upkeep.note_asked(self._engine, keys)
-
-    @reports_damage
     def __len__(self) -> int:
         # Across the chain; a key in the middle of a move counts twice for that moment.
         return upkeep.num_live(self._engine) + self._chain.num_below()

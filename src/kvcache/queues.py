@@ -270,10 +270,21 @@ class Queues:
         self.ghosts = GhostQueue(views)
         self._h, self._hd, self._q = views.header_q, views.header_d, views.entries_q
         self._tree = tree  # a prefix-tracking pool's: an eviction takes the chunks below
+        self._walked: tuple[int, list[int]] | None = None
 
     def descendants(self, eid: int) -> list[int]:
-        """The entries an eviction of ``eid`` takes with it (chunks below it), leaves first."""
-        return self._tree.descendants(eid) if self._tree is not None else []
+        """The entries an eviction of ``eid`` takes with it (chunks below it), leaves first;
+        kept for that eviction (``take_descendants``), so a victim's chain is walked once."""
+        below = self._tree.descendants(eid) if self._tree is not None else []
+        self._walked = (eid, below)
+        return below
+
+    def take_descendants(self, eid: int) -> list[int] | None:
+        """What ``descendants`` found for ``eid``, if it was the last walk, and forget it.
+        Only for a victim just chosen, in the same hold of the lock: another process may
+        change the tree once it is released."""
+        walked, self._walked = self._walked, None
+        return walked[1] if walked is not None and walked[0] == eid else None
 
     @property
     def num_probation(self) -> int:
@@ -296,6 +307,18 @@ class Queues:
     @target.setter
     def target(self, value: float) -> None:
         self._hd[H.probation_target] = value
+
+    @property
+    def last_admitted(self) -> tuple[int, int]:
+        """The entry ``prefix`` admitted last and the kind of its key's ghost (-1: none), or
+        (-1, -1)."""
+        word = self._h[H.last_admitted]
+        return word // 4 - 1, word % 4 - 1
+
+    @last_admitted.setter
+    def last_admitted(self, admitted: tuple[int, int]) -> None:
+        eid, recalled = admitted
+        self._h[H.last_admitted] = (eid + 1) * 4 + recalled + 1
 
     def reads(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.reads]

@@ -319,9 +319,6 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["retired"] = LIVE
     if not get_policy(parts.config.policy).uses_queues:  # else queues.find_problems checks
         wanted["num_ghosts_probation"] = wanted["num_ghosts_main"] = 0
-    if get_policy(parts.config.policy).uses_sketch:
-        additions = h[H.sketch_additions]
-        wanted["sketch_additions"] = additions if 0 <= additions < CLOCK_LIMIT else 0
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():

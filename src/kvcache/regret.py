@@ -43,7 +43,6 @@ import numpy as np
 
 from .layout import ENTRY_WORDS, E, H, Views
 from .reports import Regret, RegretHistogram
-from .tree import ChunkTree
 
 NUM_RECORDS = 64
 """Evicted keys the sample holds at once (3 header words each)."""
@@ -66,18 +65,16 @@ def sample_shift(max_entries: int) -> int:
 class RegretSample:
     """The sample in the segment; see the module's overview. Callers hold the pool lock."""
 
-    def __init__(self, views: Views, tree: ChunkTree | None = None) -> None:
+    def __init__(self, views: Views) -> None:
         self._h, self._hd, self._q = views.header_q, views.header_d, views.entries_q
-        self._tree = tree  # a prefix-tracking pool's: an evicted chunk takes those below
         self._mask = (1 << sample_shift(views.geometry.max_entries)) - 1
         self._ring = H.regret_ring
 
-    def evict(self, eid: int, now_s: float) -> None:
-        """Entry ``eid`` is about to be evicted (with the chunks below it, in a prefix-tracking
-        pool): remember the keys in the sample."""
+    def evict(self, chain: list[int], now_s: float) -> None:
+        """The entries of ``chain`` are about to be evicted (a victim and, in a prefix-tracking
+        pool, the chunks below it: ``Table.chain``): remember their keys in the sample."""
         q, mask = self._q, self._mask
-        below = self._tree.descendants(eid) if self._tree is not None else []
-        for each in (eid, *below):
+        for each in chain:
             base = each * ENTRY_WORDS
             if not q[base + E.hash_hi] & mask:
                 self._remember(q[base + E.hash_lo], now_s)

@@ -6,7 +6,7 @@ Its parts, each a module read in a sitting, joined in ``store``::
       |                      repair; takes the lock, copies values
       +-- Table   (table.py)     the entry table under the lock: find, lookup,
       |                          reserve, publish, remove (index, allocator, policy
-      |                          queues, sketch and prefix tree kept in step)
+      |                          queues and prefix tree kept in step)
       +-- Evictor (eviction.py)  room for puts: expiry sweeps, dead writers, the
                                  policy's victims
     whole.py    whole entries in and out (locate, read_entry, confirm, write_entry,

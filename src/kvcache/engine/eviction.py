@@ -26,7 +26,6 @@ from ..errors import OutOfSharedMemoryError, PoolFullError
 from ..layout import ENTRY_WORDS, READY, WRITING, E, H
 from ..policies import QueuePolicy, ScoreContext, choose_victims, rank_victims
 from ..procs import ProcessTable
-from ..sketch import admits
 from .table import Table
 
 GROWTH_RETRY_S = 1.0
@@ -106,30 +105,22 @@ class Evictor:
         num_pages: int,
         *,
         within_reserved: bool = False,
-        candidate: float | None = None,
         recalled: int = -1,
-    ) -> bool:
-        """Evict (expired entries first) until ``num_pages`` pages and a slot are free; False
-        if the policy would rather keep its first victim than admit the new entry.
+    ) -> None:
+        """Evict (expired entries first) until ``num_pages`` pages and a slot are free.
 
         Args:
             within_reserved: count only pages already backed with memory, for
                 when the machine refused to back more (see ``Table.reserve``).
-            candidate: the new entry's count in the policy's frequency sketch
-                (policies that keep one), weighed against the first victim's.
             recalled: the kind of the new key's ghost, or -1 (``QueuePolicy``).
         """
         allocator, entries = self._allocator, self._entries
         available = allocator.num_reserved_available if within_reserved else allocator.num_available
         if available() >= num_pages and entries.has_free_slot():
-            return True
+            return
         self.tidy(force=False)
         while available() < num_pages or not entries.has_free_slot():
             victims, exact = self.choose_victims(recalled)
-            if candidate is not None and victims.size:
-                if not admits(candidate, self.frequency(int(victims[0]))):
-                    return False
-                candidate = None  # one decision per put
             if not victims.size:
                 if self.reclaim_dead_writers():
                     continue
@@ -140,10 +131,12 @@ class Evictor:
             for eid in victims.tolist():
                 if self._eq[eid * ENTRY_WORDS + E.state] != READY:
                     continue  # drawn twice, or gone with an evicted parent
-                self.evict_one(eid)
+                # an exact victim is the queue policy's, which walked to its chunks just now
+                queues = self._queues
+                below = queues.take_descendants(eid) if queues is not None and exact else None
+                self.evict_one(eid, below)
                 if exact and available() >= num_pages and entries.has_free_slot():
-                    return True
-        return True
+                    return
 
     def choose_to_move(self, num_pages: int) -> list[tuple[int, int]]:
         """Entries (id, generation) whose move elsewhere would free ``num_pages`` pages and a
@@ -169,18 +162,12 @@ class Evictor:
                     break
         return list(chosen.items())
 
-    def frequency(self, eid: int) -> float:
-        """Entry ``eid``'s access count (its sketch count when last used), halved per
-        ``lfu_half_life`` ticks idle since (``policies.base.decayed_frequency``)."""
-        base = eid * ENTRY_WORDS
-        idle = self._hq[H.clock] - self._eq[base + E.last_access]
-        return self._ed[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life)
-
-    def evict_one(self, eid: int) -> int:
-        """Evict a READY entry (with its descendants, where the policy tracks prefixes); how
-        many went."""
-        self._regret.evict(eid, self._clock())
-        removed = self._remove(eid)
+    def evict_one(self, eid: int, below: list[int] | None = None) -> int:
+        """Evict a READY entry (with its descendants, where the policy tracks prefixes: ``below``,
+        where the caller walked to them in this hold of the lock); how many went."""
+        chain = self.table.chain(eid, below)
+        self._regret.evict(chain, self._clock())
+        removed = self._remove(eid, chain)
         self._hq[H.evictions] += removed
         return removed
 

@@ -1,7 +1,7 @@
 """The entry table's operations, each run by a caller that holds the segment's lock.
 
 ``Table`` finds, reserves, publishes and removes entries: it keeps the index,
-the live list, the page allocator, the policy's queues, sketch and prefix tree
+the live list, the page allocator, the policy's queues and prefix tree
 in step with the entry table. It takes no lock and copies no value: ``Store``
 takes the lock around each step and copies between them; ``Evictor`` picks
 what ``remove`` frees.
@@ -32,7 +32,6 @@ from ..layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, H, Views
 from ..policies import Policy, QueuePolicy, get_policy
 from ..queues import MAIN, PROBATION, Queues
 from ..regret import RegretSample
-from ..sketch import FrequencySketch
 from ..tree import ChunkTree
 
 History = tuple[int, int, float]
@@ -62,7 +61,7 @@ class Summed(NamedTuple):
         return [transfer.RECORD_FIELDS.pack(*self.fields), *self.views]
 
 
-MakeRoom = Callable[..., bool]
+MakeRoom = Callable[..., None]
 """``Evictor.make_room``: evict until a number of pages and a slot are free."""
 
 
@@ -98,10 +97,8 @@ class Table:
         policy: Policy = get_policy(config.policy)
         self.policy = policy
         self.tree = ChunkTree(views) if policy.tracks_prefixes else None
-        # The ghost region is a frequency sketch where the policy keeps one, else ghosts.
-        self.sketch = FrequencySketch(views) if policy.uses_sketch else None
         self.queues = Queues(views, self.tree) if policy.uses_queues else None
-        self.regret = RegretSample(views, self.tree)
+        self.regret = RegretSample(views)
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
         self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
         self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
@@ -186,11 +183,8 @@ class Table:
         clock = h[H.clock] + 1
         h[H.clock] = clock
         q, d = self.eq, self.ed
-        if self.sketch is None:
-            idle = clock - q[base + E.last_access]
-            d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
-        else:  # the key's count over the sketch's longer history, this hit included
-            d[base + E.freq] = self.sketch.add(q[base + E.hash_lo], q[base + E.hash_hi])
+        idle = clock - q[base + E.last_access]
+        d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
         q[base + E.last_access] = clock
         if self.queues is not None:
             cast(QueuePolicy, self.policy).hit(self.queues, eid)
@@ -278,9 +272,8 @@ class Table:
         Args:
             evict_within_reserved: if the pool cannot grow, evict to fit the
                 pages it has rather than fail with ``OutOfSharedMemoryError``.
-            fresh: a put, not a restore or promotion: where the policy keeps a
-                frequency sketch, it counts the key, and a new key that makes
-                the pool evict is admitted only if the policy says so (TinyLFU).
+            fresh: a put, not a restore or promotion: a new key is a request for it
+                (the regret sample) and a miss to the queue policies.
             parent: a chunk's parent key; a chunk whose parent is not here is
                 declined, as ``publish`` would decline it.
         """
@@ -288,25 +281,17 @@ class Table:
         new_key = fresh and self.index.find(lo, hi) < 0
         if new_key:
             self.regret.request(lo, hi, self.clock)
-        if parent is not None and self.find(parent) < 0:
-            if self.sketch is not None and fresh:
-                self.sketch.add(lo, hi)  # asked for all the same
+        parent_eid = -1 if parent is None else self.find(parent)
+        if parent is not None and parent_eid < 0:
             return -1
-        count = 1.0
-        candidate = None
         recalled = -1
         if self.queues is not None and new_key:
             if cast(QueuePolicy, self.policy).recalls_before_evicting:
-                recalled = self._recall(self.queues, lo)
+                recalled = self._recall(self.queues, lo, parent_eid)
             else:
                 recalled = RECALL_AT_ADMIT
-        if self.sketch is not None and fresh:
-            count = candidate = float(self.sketch.add(lo, hi))
-            if not new_key:
-                candidate = None  # stored again: it was admitted before
         try:
-            if not self.make_room(num_pages, candidate=candidate, recalled=recalled):
-                return -1
+            self.make_room(num_pages, recalled=recalled)
         except PoolFullError:
             if (self.views.entries["state"] == WRITING).any():
                 raise
@@ -338,7 +323,7 @@ class Table:
         q[base + E.probation] = q[base + E.queue_prev] = q[base + E.queue_next] = 0
         # until published (see _admit)
         q[base + E.reads] = recalled if self.queues is not None else 0
-        d[base + E.freq] = count  # a put is one access, or as many as the sketch counted
+        d[base + E.freq] = 1.0  # a put is one access
         d[base + E.expires_at] = expires_at
         q[base + E.owner_slot], q[base + E.owner_serial] = self.owner
         q[base + E.state] = WRITING
@@ -376,8 +361,6 @@ class Table:
         clock = h[H.clock] + 1
         h[H.clock] = clock
         created, last_access, freq = history or (clock, clock, d[base + E.freq])
-        if history is not None and self.sketch is not None:  # snapshots keep no sketch
-            self.sketch.raise_to(lo, q[base + E.hash_hi], freq)
         q[base + E.created] = created
         q[base + E.last_access] = last_access
         d[base + E.freq] = freq
@@ -419,14 +402,15 @@ class Table:
         else:
             recalled = q[base + E.reads]
             if recalled == RECALL_AT_ADMIT:
-                recalled = self._recall(queues, q[base + E.hash_lo])
+                recalled = self._recall(queues, q[base + E.hash_lo], -1)
             policy.admit(queues, eid, recalled)
 
-    def _recall(self, queues: Queues, lo: int) -> int:
-        """Before a key not held is put: forget its ghost and tell the policy; the ghost's
-        kind (``queues.PROBATION`` or ``MAIN``), or -1 if its key was no ghost."""
+    def _recall(self, queues: Queues, lo: int, parent: int) -> int:
+        """Before a key not held is put (under the chunk ``parent``, or -1): forget its ghost
+        and tell the policy; the ghost's kind (``queues.PROBATION`` or ``MAIN``), or -1 if
+        its key was no ghost."""
         kind = queues.ghosts.remove(lo)
-        cast(QueuePolicy, self.policy).miss(queues, kind)
+        cast(QueuePolicy, self.policy).miss(queues, kind, parent)
         return kind
 
     # ----------------------------------------------------------------- removal
@@ -436,16 +420,22 @@ class Table:
         self.remove(eid)
         self.hq[H.damaged] += 1
 
-    def remove(self, eid: int) -> int:
+    def chain(self, eid: int, below: list[int] | None = None) -> list[int]:
+        """What ``remove`` takes: ``eid`` and, in a prefix-tracking pool, the chunks below it
+        (unreachable without it), leaves first. ``below``: those chunks, where the caller
+        walked to them already in this hold of the lock."""
+        if self.tree is None:
+            return [eid]
+        return [*(self.tree.descendants(eid) if below is None else below), eid]
+
+    def remove(self, eid: int, chain: list[int] | None = None) -> int:
         """Unindex a READY entry and free its pages and slot, and in a prefix-tracking pool its
-        descendants' (unreachable without it), leaves first; how many entries went."""
-        tree = self.tree
-        if tree is None:
-            self._unindex(eid)
-            return 1
-        doomed = [*tree.descendants(eid), eid]
+        descendants' (``chain``: ``self.chain(eid)``, where the caller has it); how many
+        entries went."""
+        doomed, tree = self.chain(eid) if chain is None else chain, self.tree
         for each in doomed:
-            tree.unlink(each)
+            if tree is not None:
+                tree.unlink(each)
             self._unindex(each)
         return len(doomed)
 
@@ -463,5 +453,5 @@ class Table:
         self.entries.release(eid)
 
 
-def _no_room(num_pages: int, **_: object) -> bool:
+def _no_room(num_pages: int, **_: object) -> None:
     raise PoolFullError("no eviction is wired to this table")

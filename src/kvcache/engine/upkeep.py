@@ -11,14 +11,14 @@ a whole pool.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import recovery, transfer
 from ..counters import COUNTER_NAMES, M
 from ..errors import InvalidArgument, PoolBusyError, PoolDestroyedError, damaged
-from ..keys import Key, encode_key, key_hash
+from ..keys import Key, encode_key
 from ..layout import COUNTERS, DESTROYED, ENTRY_WORDS, READY, REMOTE_COUNTERS, E, H
 from ..policies import rank_victims
 from ..procs import me
@@ -165,17 +165,6 @@ def num_live(store: Store) -> int:
     if not 0 <= count <= store.config.max_entries:  # len() would raise a ValueError
         raise damaged(store.name, f"live entry count {count}")
     return int(count)
-
-
-def note_asked(store: Store, keys: Sequence[Key]) -> None:
-    """Count ``keys`` in the policy's frequency sketch, where it keeps one."""
-    sketch = store.table.sketch
-    if sketch is None or not keys:
-        return
-    hashes = [key_hash(encode_key(key)[0]) for key in keys]
-    with store.lock:
-        for lo, hi in hashes:
-            sketch.add(lo, hi)
 
 
 # ---------------------------------------------------------------- reports

@@ -11,8 +11,7 @@ A policy may ask the pool for more, kept in the segment: ``tracks_prefixes``
 (the chunk tree of ``kvcache.tree``: ``prefix``), ``uses_queues`` (exact
 queues and ghosts, ``kvcache.queues``, for policies defined by queues:
 ``s3fifo``, ``arc``, ``prefix``; they choose victims themselves, in O(1),
-without sampling) and ``uses_sketch`` (a frequency sketch of keys asked for,
-``kvcache.sketch``, that admits new keys; no policy asks for it at present).
+without sampling).
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ class ARC:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_queues = True
-    uses_sketch = False
     recalls_before_evicting = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
@@ -40,7 +39,7 @@ class ARC:
         probation_first = ctx.num_probation > ctx.probation_target
         return (on_probation == probation_first).astype(np.float64)
 
-    def miss(self, queues: Queues, recalled: int) -> None:
+    def miss(self, queues: Queues, recalled: int, parent: int) -> None:
         """A key not held is about to be put: adapt p to a ghost of kind ``recalled``
         (cases II and III; the key has left its ghost list already, so it is counted
         back), else trim the ghosts (case IV)."""

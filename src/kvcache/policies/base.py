@@ -44,10 +44,6 @@ class Policy(Protocol):
     ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
     it. ``uses_queues``: the policy is a ``QueuePolicy`` and the pool keeps its
     queues (``kvcache.queues``), run exactly rather than scored on samples.
-    ``uses_sketch``: the pool keeps a frequency sketch of keys asked for in the
-    ghost region (``kvcache.sketch``), starts an entry's access count at
-    its key's count, and admits a new key that would evict only if the sketch
-    says so.
     """
 
     name: str
@@ -55,7 +51,6 @@ class Policy(Protocol):
     fields: tuple[str, ...]
     tracks_prefixes: bool
     uses_queues: bool
-    uses_sketch: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""
@@ -66,7 +61,8 @@ class QueuePolicy(Policy, Protocol):
     """A policy defined by queues (``s3fifo``, ``arc``), run exactly on the pool's ``Queues``.
 
     The pool calls ``miss`` before it stores a key it does not hold (``recalled``:
-    the kind of the key's ghost, which the pool has forgotten, or -1), ``victim``
+    the kind of the key's ghost, which the pool has forgotten, or -1; ``parent``: the
+    entry of the chunk it extends, in a prefix-tracking pool, else -1), ``victim``
     each time it must evict (with the same ``recalled``), ``admit`` once the new
     entry is stored, and ``hit`` on each read and on a put of a key it holds.
     Explicit ``Pool.evict`` still ranks by ``score``.
@@ -78,7 +74,7 @@ class QueuePolicy(Policy, Protocol):
 
     recalls_before_evicting: bool
 
-    def miss(self, queues: Queues, recalled: int) -> None: ...
+    def miss(self, queues: Queues, recalled: int, parent: int) -> None: ...
 
     def victim(self, queues: Queues, recalled: int) -> int:
         """The entry to evict now; it may move others first and remember it as a ghost."""

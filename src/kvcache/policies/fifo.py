@@ -13,7 +13,6 @@ class FIFO:
     fields: tuple[str, ...] = ("created",)
     tracks_prefixes = False
     uses_queues = False
-    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["created"].astype(np.float64)

@@ -18,7 +18,6 @@ class LFU:
     fields: tuple[str, ...] = ("freq", "last_access")
     tracks_prefixes = False
     uses_queues = False
-    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -decayed_frequency(columns, ctx)

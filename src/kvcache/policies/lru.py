@@ -13,7 +13,6 @@ class LRU:
     fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = False
     uses_queues = False
-    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["last_access"].astype(np.float64)

@@ -13,7 +13,6 @@ class Priority:
     fields: tuple[str, ...] = ("priority",)
     tracks_prefixes = False
     uses_queues = False
-    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["priority"].astype(np.float64)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import corrupt
 from ..queues import MAIN, PROBATION, Queues
 from .base import Columns, ScoreContext
 
@@ -35,7 +36,6 @@ class S3FIFO:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_queues = True
-    uses_sketch = False
     recalls_before_evicting = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
@@ -46,19 +46,25 @@ class S3FIFO:
         queues.set_reads(eid, 0)
         queues.lists.push(eid, MAIN if recalled >= 0 else PROBATION)
 
-    def miss(self, queues: Queues, recalled: int) -> None:
+    def miss(self, queues: Queues, recalled: int, parent: int) -> None:
         """A key not held is about to be put: nothing to adapt (S3-FIFO's shares are fixed)."""
 
     def hit(self, queues: Queues, eid: int) -> None:
         queues.set_reads(eid, min(queues.reads(eid) + 1, MAX_READS))
 
     def victim(self, queues: Queues, recalled: int) -> int:
-        """The entry to evict now (the pool is full), after the moves that find it."""
+        """The entry to evict now (the pool is full), after the moves that find it.
+
+        Raises:
+            CorruptPoolError: more moves than the entries' reads allow (a read count out
+                of range, or lists that loop): damage, which must not spin under the lock.
+        """
         capacity = queues.num_probation + queues.num_main
         small = max(1, int(capacity * SMALL_SHARE))
         lists = queues.lists
+        moves = (MAX_READS + 1) * (queues.num_live + 1)  # each move undoes a read
         if queues.num_probation >= small or not queues.num_main:
-            while (oldest := lists.tail(PROBATION)) >= 0:
+            while (oldest := lists.tail(PROBATION)) >= 0 and (moves := moves - 1) > 0:
                 if not queues.reads(oldest):
                     queues.ghosts.add(queues.key_hash(oldest), PROBATION)
                     while queues.ghosts.count(PROBATION) > capacity - small:
@@ -66,10 +72,10 @@ class S3FIFO:
                     return oldest
                 queues.set_reads(oldest, 0)  # read while small: to main, its count cleared
                 lists.move(oldest, MAIN)
-        while True:
-            oldest = lists.tail(MAIN)
+        while (oldest := lists.tail(MAIN)) >= 0 and (moves := moves - 1) > 0:
             reads = queues.reads(oldest)
             if not reads:
                 return oldest
             queues.set_reads(oldest, reads - 1)
             lists.move(oldest, MAIN)
+        raise corrupt("queue lists: no entry to evict, or a read count out of range")

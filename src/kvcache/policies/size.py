@@ -13,7 +13,6 @@ class Size:
     fields: tuple[str, ...] = ("num_pages",)
     tracks_prefixes = False
     uses_queues = False
-    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return columns["num_pages"].astype(np.float64)

@@ -13,7 +13,6 @@ class TTL:
     fields: tuple[str, ...] = ("expires_at",)
     tracks_prefixes = False
     uses_queues = False
-    uses_sketch = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["expires_at"]

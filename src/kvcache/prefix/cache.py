@@ -271,10 +271,7 @@ class PrefixCache:
             parent = keys[index - 1] if index else None  # the prefix it extends (policy ``prefix``)
             self.pool.put(key, byte_view(buffer), priority=priority, ttl=ttl, parent=parent)  # type: ignore[arg-type]
             if self._may_decline and not self.pool.in_local_tiers(key):
-                # declined: so would be every chunk after it (no parent), but each is
-                # counted as asked for, as its put would be (the pool's sketch)
-                self.pool.note_asked(keys[index + 1 :])
-                break
+                break  # declined: so would be every chunk after it (no parent)
             written.append(index)
         access_log = self.pool.access_log
         if written and access_log is not None:
