@@ -12,7 +12,7 @@ engines answer alike by construction.
 
 The hit touch in C is the one every policy without queues shares (the logical
 clock, the decayed frequency, the access times). Pools whose policy keeps
-queues or a frequency sketch (``s3fifo``, ``arc``, ``prefix``), and disk pools
+queues (``s3fifo``, ``arc``, ``prefix``), and disk pools
 (whose lookup reads ahead and reads keys from the file), take the Python path;
 so do the reads of a pool opened with ``verify_reads``.
 """

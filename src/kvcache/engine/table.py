@@ -102,8 +102,8 @@ class Table:
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
         self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
         self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
-        # compiled hit (kvcache.fastpath): policies without queues or sketch, RAM pools only
-        plain = self.queues is None and self.sketch is None and not seg.on_disk
+        # compiled hit (kvcache.fastpath): policies without queues, RAM pools only
+        plain = self.queues is None and not seg.on_disk
         self.fast = fastpath.hit_finder(views.geometry, config) if plain else None
 
     # ---------------------------------------------------------------- lookups
