@@ -240,6 +240,32 @@ def test_bug_a_child_link_out_of_range_broke_check(tmp_path, policy, child) -> N
         assert_repaired(pool, tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("key", "field", "value"),
+    [
+        ("small", "next_sibling", -1),  # the fuzz's case: a root with a sibling
+        ("small", "prev_sibling", 3),
+        ("b", "prev_sibling", -1),  # a child whose back link leaves the table
+        ("a", "prev_sibling", 0),  # the last child whose back link says it is the first
+    ],
+)
+def test_bug_a_damaged_sibling_link_passed_check_and_broke_later_puts(
+    tmp_path, key, field, value
+) -> None:
+    """The fuzz found it: check() walked only the forward links of each parent's children,
+    so a root's sibling link or a child's back link was never reported, repair left it,
+    and the repaired pool's next put over that key or eviction raised CorruptPoolError."""
+    with damaged_pool("prefix") as pool:
+        pool.put("root", b"r" * 100)
+        for leaf in ("a", "b"):  # "b" is linked last: the first child
+            pool.put(leaf, b"l" * 100, parent="root")
+        assert pool.check() == []
+        eid = pool._engine.table.find(key.encode())
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + getattr(E, field)] = value
+        assert any("chunk tree" in p for p in pool.check())
+        assert_repaired(pool, tmp_path)
+
+
 @pytest.mark.parametrize("operation", ["delete", "replace"])
 def test_bug_a_loop_in_a_child_list_hung_delete_and_replace(tmp_path, operation) -> None:
     """The fuzz found it: a sibling link pointing back made the walk over a chunk's

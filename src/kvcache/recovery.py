@@ -171,19 +171,24 @@ def _tree_problems(v: Views, ready: list[int]) -> list[str]:
     """How the chunk tree's child lists and probation count disagree with the parent fields."""
     q, children = v.entries_q, {eid: set[int]() for eid in ready}
     for eid in ready:
-        parent = q[eid * ENTRY_WORDS + E.parent]
+        base = eid * ENTRY_WORDS
+        parent = q[base + E.parent]
         # stranded entries were dropped, so a parent is ready; in a pool without a chunk
         # tree, the survey already reported (and mends) any link
         if parent and parent - 1 in children:
             children[parent - 1].add(eid)
+        elif not parent and (q[base + E.next_sibling] or q[base + E.prev_sibling]):
+            return [f"chunk tree: entry {eid} starts a prompt but has siblings"]
     for eid, expected in children.items():
         found: set[int] = set()
-        child = q[eid * ENTRY_WORDS + E.first_child]
+        before, child = 0, q[eid * ENTRY_WORDS + E.first_child]
         while child and len(found) <= len(expected) and child - 1 not in found:
             if child - 1 not in expected:  # out of range, not ready, or another's: damaged
                 break
+            if q[(child - 1) * ENTRY_WORDS + E.prev_sibling] != before:
+                break  # a broken back link: removing that child would write elsewhere
             found.add(child - 1)
-            child = q[(child - 1) * ENTRY_WORDS + E.next_sibling]
+            before, child = child, q[(child - 1) * ENTRY_WORDS + E.next_sibling]
         if child or found != expected:
             return [f"chunk tree: entry {eid}'s list of children does not match their parents"]
     num_probation = int(np.count_nonzero(v.entries["probation"][ready]))
