@@ -229,6 +229,19 @@ def test_header_word_out_of_range_is_reported_and_mended(tmp_path, field, value,
         assert_repaired(pool, tmp_path)
 
 
+@pytest.mark.parametrize("policy", ["arc", "s3fifo", "prefix"])
+def test_bug_a_ghost_count_past_the_ring_hung_eviction(tmp_path, policy) -> None:
+    """The fuzz found it: a header ghost count above the ghosts the ring holds made the
+    search for the oldest ghost walk round the ring for ever, under the pool lock."""
+    with damaged_pool(policy) as pool:
+        pool._engine.views.header_q[H.num_ghosts_probation] = 63
+        assert any("ghost counts" in p for p in pool.check())
+        with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
+            for i in range(1000):  # a full pool: evictions forget the oldest ghosts
+                pool.put(f"more-{i}", b"m" * 3000)
+        assert_repaired(pool, tmp_path)
+
+
 @pytest.mark.parametrize("policy", ["arc", "prefix"])
 @pytest.mark.parametrize("child", [257, 2**40, -5])
 def test_bug_a_child_link_out_of_range_broke_check(tmp_path, policy, child) -> None:

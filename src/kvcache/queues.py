@@ -195,11 +195,15 @@ class GhostQueue:
         h, ring, length = self._h, self._ring, self._length
         if not h[_NUM_GHOSTS[kind]]:
             return
-        position = max(h[_GHOST_TAIL[kind]], h[H.ghost_next] - length)
-        while not ring[position % length] or ring[position % length] & 1 != kind:
-            position += 1
-        h[_GHOST_TAIL[kind]] = position + 1
-        self._forget(position % length)
+        end = h[H.ghost_next]
+        for position in range(max(h[_GHOST_TAIL[kind]], end - length), end):
+            word = ring[position % length]
+            if word and word & 1 == kind:
+                h[_GHOST_TAIL[kind]] = position + 1
+                self._forget(position % length)
+                return
+        # a count that the ring does not hold: damage, not a walk round the ring for ever
+        raise corrupt(f"ghost counts ({h[_NUM_GHOSTS[kind]]} of kind {kind}) exceed the ring")
 
     def clear(self) -> None:
         """Forget every ghost (repair does: ghosts only ever cost a little hit ratio)."""
