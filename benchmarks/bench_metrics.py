@@ -69,7 +69,7 @@ COUNTING_LINES = (
 """The lines of ``kvcache/pool.py`` (the countdowns) and ``kvcache/engine/store.py`` (the
 kept-back bytes) by which a get or put counts (the header's hit, miss and put words are
 older than the metrics, and stay); one ending in ``:`` goes with the next."""
-COUNTING_LINES_IN_SOURCE = 11
+COUNTING_LINES_IN_SOURCE = 12
 CASES = ((4 * KiB, 4096), (MiB, 32))
 OPS = ("put", "get", "get_into")
 COUNTING_CLASSES = ((kvcache.pool, "Pool"), (kvcache.engine.store, "Store"))
