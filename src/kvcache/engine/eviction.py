@@ -22,7 +22,7 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
-from ..errors import OutOfSharedMemoryError, PoolFullError
+from ..errors import OutOfSharedMemoryError, PoolFullError, corrupt
 from ..layout import ENTRY_WORDS, READY, WRITING, E, H
 from ..policies import QueuePolicy, ScoreContext, choose_victims, rank_victims
 from ..procs import ProcessTable
@@ -130,6 +130,8 @@ class Evictor:
                 )
             for eid in victims.tolist():
                 if self._eq[eid * ENTRY_WORDS + E.state] != READY:
+                    if exact:  # the queues' one choice, again next time: damage, not a draw
+                        raise corrupt(f"queue lists: the victim {eid} is not a live entry")
                     continue  # drawn twice, or gone with an evicted parent
                 # an exact victim is the queue policy's, which walked to its chunks just now
                 queues = self._queues
