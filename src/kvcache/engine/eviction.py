@@ -130,8 +130,6 @@ class Evictor:
                 )
             for eid in victims.tolist():
                 if self._eq[eid * ENTRY_WORDS + E.state] != READY:
-                    if exact:  # the queues' one choice, again next time: damage, not a draw
-                        raise corrupt(f"queue lists: the victim {eid} is not a live entry")
                     continue  # drawn twice, or gone with an evicted parent
                 # an exact victim is the queue policy's, which walked to its chunks just now
                 queues = self._queues
@@ -177,7 +175,10 @@ class Evictor:
         """Victims best first, and whether they are exact (evict only as many as needed)."""
         if self._queues is not None and self._hq[H.num_live]:
             policy = cast(QueuePolicy, self._policy)
-            return np.array([policy.victim(self._queues, recalled)]), True
+            eid = policy.victim(self._queues, recalled)
+            if eid < 0:  # the tail (checked live) of an empty list that the counts call full
+                raise corrupt("queue lists: the policy's victim list is empty")
+            return np.array([eid]), True
         live = self._views.live[: self._hq[H.num_live]]
         return choose_victims(
             self._policy,
