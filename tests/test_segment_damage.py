@@ -242,6 +242,65 @@ def test_bug_a_ghost_count_past_the_ring_hung_eviction(tmp_path, policy) -> None
         assert_repaired(pool, tmp_path)
 
 
+def full_of_ghosts(pool: kvcache.Pool) -> None:
+    """Puts past the pool's size: evictions leave ghosts (queue policies)."""
+    for i in range(200):
+        pool.put(f"more-{i}", b"m" * 3000)
+
+
+@pytest.mark.parametrize("policy", ["arc", "s3fifo", "prefix"])
+@pytest.mark.parametrize("word", ["ghost_next", "ghost_tail_main", "ghost_tail_probation"])
+def test_bug_a_ghost_position_out_of_range_passed_check(tmp_path, policy, word) -> None:
+    """The fuzz found it (seed 110): a negative ghost_next passed check(), then the search
+    for the oldest ghost found none and every eviction raised CorruptPoolError, after
+    repair too (clearing the ghosts kept the position)."""
+    with damaged_pool(policy) as pool:
+        full_of_ghosts(pool)
+        pool._engine.views.header_q[getattr(H, word)] = -52484548
+        assert any("ghost ring positions" in p for p in pool.check())
+        assert_repaired(pool, tmp_path)
+        full_of_ghosts(pool)
+        assert pool.check() == []
+
+
+@pytest.mark.parametrize("policy", ["arc", "s3fifo", "prefix"])
+def test_bug_a_ghost_chain_that_loops_hung_puts(tmp_path, policy) -> None:
+    """A ghost bucket's chain must lead to older ghosts: one that loops made a put of a
+    new key (which asks whether it is a ghost) walk for ever under the pool lock."""
+    with damaged_pool(policy) as pool:
+        full_of_ghosts(pool)
+        words = np.frombuffer(pool._engine.views.ghost_q, np.int64)
+        length = len(words) // 3
+        heads = words[2 * length :]
+        looped = heads > 0
+        assert looped.any()
+        for found in heads[looped].tolist():  # each newest ghost names itself as older
+            words[length + (found - 1) % length] = found
+        assert any("ghost index" in p for p in pool.check())
+        with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
+            for i in range(300):
+                pool.put(f"new-{i}", b"n" * 10)
+        assert_repaired(pool, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("regret_accesses_sum", 2**63 - 1), ("regret_next", -3), ("regret_seconds", 2**62)],
+)
+def test_bug_a_regret_word_out_of_range_passed_check(tmp_path, word, value) -> None:
+    """The fuzz found it (seed 108): a regret sum at 2**63 - 1 passed check(), and the next
+    request for a sampled evicted key overflowed the word (ValueError), after repair too."""
+    with damaged_pool() as pool:
+        pool._engine.views.header_q[getattr(H, word)] = value
+        assert any("eviction regret" in p for p in pool.check())
+        assert_repaired(pool, tmp_path)
+        full_of_ghosts(pool)  # evicts sampled keys
+        for i in range(200):
+            pool.get(f"more-{i}")  # asks for them again: counted in the sums
+        assert pool.metrics().regret.accesses.count > 0
+        assert pool.check() == []
+
+
 @pytest.mark.parametrize("policy", ["arc", "prefix"])
 @pytest.mark.parametrize("child", [257, 2**40, -5])
 def test_bug_a_child_link_out_of_range_broke_check(tmp_path, policy, child) -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import corrupt
-from .layout import ENTRY_WORDS, READY, E, H, Views
+from .layout import CLOCK_LIMIT, ENTRY_WORDS, READY, E, H, Views
 from .tree import ChunkTree
 
 PROBATION, MAIN = 1, 0
@@ -187,7 +187,10 @@ class GhostQueue:
             word = self._ring[slot]
             if word and not (word ^ lo) & ~3:
                 return self._forget(slot)
-            found = self._older[slot]
+            older = self._older[slot]
+            if older >= found:  # each link leads to an older ghost: else a walk for ever
+                raise corrupt("ghost index: a bucket's chain does not lead to older ghosts")
+            found = older
         return -1
 
     def drop_oldest(self, kind: int) -> None:
@@ -211,6 +214,8 @@ class GhostQueue:
         np.frombuffer(self._heads, np.int64)[:] = 0
         h = self._h
         h[H.num_ghosts_probation] = h[H.num_ghosts_main] = 0
+        if not 0 <= h[H.ghost_next] < CLOCK_LIMIT:
+            h[H.ghost_next] = 0
         h[H.ghost_tail_probation] = h[H.ghost_tail_main] = h[H.ghost_next]
 
     def _compact(self) -> None:
@@ -355,7 +360,18 @@ def find_problems(views: Views, ready: list[int]) -> list[str]:
             return ["queue lists: a list's tail is not its last entry"]
     if found != expected:
         return [f"queue lists hold {len(found)} entries, {len(expected)} ready"]
-    ring = np.frombuffer(views.ghost_q, np.int64)[: len(views.ghost_q) // 3]
+    position = h[H.ghost_next]
+    if not 0 <= position < CLOCK_LIMIT or not all(
+        0 <= h[_GHOST_TAIL[kind]] <= position for kind in (PROBATION, MAIN)
+    ):
+        return ["ghost ring positions are out of range"]
+    words = np.frombuffer(views.ghost_q, np.int64)
+    length = len(words) // 3
+    ring, older, heads = words[:length], words[length : 2 * length], words[2 * length :]
+    slots = np.flatnonzero(ring)
+    positions = position - 1 - (position - 1 - slots) % length  # each ghost's, in the ring
+    if (heads < 0).any() or (heads > position).any() or (older[slots] > positions).any():
+        return ["ghost index: a bucket's chain does not lead to older ghosts"]
     on_probation = int(np.count_nonzero(ring & 1))
     counts = (h[H.num_ghosts_probation], h[H.num_ghosts_main])
     if counts != (on_probation, int(np.count_nonzero(ring)) - on_probation):

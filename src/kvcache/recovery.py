@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import queues, ranges, tree
+from . import queues, ranges, regret, tree
 from .allocator import PageAllocator, Run
 from .config import MAX_KEY_BYTES, PoolConfig
 from .entries import EntryTable
@@ -379,6 +379,7 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
     problems += _tree_problems(v, survey.ready)
     if get_policy(parts.config.policy).uses_queues:
         problems += queues.find_problems(v, survey.ready)
+    problems += regret.find_problems(v)
     num_live = h[H.num_live]
     live = v.live[: max(0, min(num_live, v.geometry.max_entries))]
     if (
@@ -463,6 +464,8 @@ def rebuild(parts: Parts) -> None:
     parts.index.rebuild(survey.ready)
     ready = np.array(survey.ready, np.int64)
     tree.rebuild(v.entries, ready)
+    if regret.find_problems(v):
+        regret.RegretSample(v).reset()
     if get_policy(parts.config.policy).uses_queues:
         queues.rebuild(v, ready)
     else:  # no queues: no entry is on probation, whatever a damaged word says

@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .layout import ENTRY_WORDS, E, H, Views
+from .layout import CLOCK_LIMIT, ENTRY_WORDS, E, H, Views
 from .reports import Regret, RegretHistogram
 
 NUM_RECORDS = 64
@@ -126,6 +126,25 @@ class RegretSample:
         """Zero the histograms and forget the sample (``Pool.reset_stats``)."""
         words = np.frombuffer(self._h, np.int64)
         words[H.regret_next : H.regret_ring + NUM_RECORDS * RECORD_WORDS] = 0
+
+
+def find_problems(views: Views) -> list[str]:
+    """Words of the sample out of their range (``Pool.check``): a count or clock past
+    ``CLOCK_LIMIT`` would overflow its word at the next request. Repair clears the sample:
+    it is statistics, and a damaged one cannot be trusted in part."""
+    h, d = views.header_q, views.header_d
+    counts = np.frombuffer(h, np.int64)
+    counts = np.concatenate(
+        [
+            counts[H.regret_next : H.regret_seconds_sum],
+            counts[H.regret_accesses : H.regret_ring],
+            counts[H.regret_ring + 2 : H.regret_ring + NUM_RECORDS * RECORD_WORDS : RECORD_WORDS],
+        ]
+    )
+    seconds = d[H.regret_seconds_sum]
+    if ((counts < 0) | (counts >= CLOCK_LIMIT)).any() or not 0 <= seconds < math.inf:
+        return ["eviction regret sample has words out of range (repair clears it)"]
+    return []
 
 
 def bucket(value: float, bounds: tuple[float, ...]) -> int:
