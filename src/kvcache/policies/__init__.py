@@ -71,7 +71,9 @@ def choose_victims(
     drawn per victim wanted and only the best of each such share are returned
     (a batch of up to ``EVICTION_BATCH``): the best 16 of 1024 draws are as good
     victims as the best 1 of 64, and one numpy pass serves 16 evictions. The
-    caller evicts the whole batch, a little ahead of need.
+    caller evicts the whole batch, a little ahead of need: a batch is at most one
+    victim per ``num_samples`` live entries, so never more than 1/64 of the pool
+    (the default) goes early, in a pool of 200 entries as in one of 200,000.
 
     Args:
         table: the whole entry table (structured view).
@@ -80,7 +82,7 @@ def choose_victims(
     """
     if live_ids.size <= num_samples:
         return live_ids[rank_victims(policy, table[live_ids], ctx)], True
-    batch = EVICTION_BATCH if live_ids.size > num_samples * EVICTION_BATCH else 1
+    batch = min(EVICTION_BATCH, live_ids.size // num_samples)
     # Duplicate draws are harmless: the caller skips ids it already evicted.
     ids = live_ids[rng.integers(0, live_ids.size, num_samples * batch)]
     columns = {name: table[name][ids] for name in (*RANKING_FIELDS, *policy.fields)}
