@@ -166,9 +166,11 @@ class PrefixModel:
     key to main), ARC's two ghost lists (a victim's chunks below it join its ghost list
     too, at most the live keys in all) and a probation target moved by a returning
     prompt's first recalled chunk, ``max(1, live / 200)`` keys times ARC's ratio, from 10%
-    of the live keys, within 1-100%. As the pool does, it takes its capacity in the
-    policy's arithmetic as the keys it holds (``live``), and walks a victim's chunks
-    newest child first, so that the two make the same decisions step for step."""
+    of the live keys, within 1-100%; probation's oldest also goes first when it is older
+    than main's least recently used (by a logical clock of puts and hits, as the pool's).
+    As the pool does, it takes its capacity in the policy's arithmetic as the keys it
+    holds (``live``), and walks a victim's chunks newest child first, so that the two make
+    the same decisions step for step."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -182,6 +184,8 @@ class PrefixModel:
         self.children: dict[Hashable, list[Hashable]] = {}  # newest first
         self.parent: dict[Hashable, Hashable | None] = {}
         self.last: tuple[Hashable, str | None] | None = None  # the last put and its ghost
+        self.clock = 0  # one tick per hit and per put stored
+        self.used: dict[Hashable, int] = {}  # each key's last put or hit
 
     def live(self) -> int:
         return len(self.small) + len(self.main)
@@ -191,7 +195,11 @@ class PrefixModel:
 
     def get(self, key: Hashable) -> bool:
         """A read moves the key to main's most recent end, as ARC's case I."""
-        return read_to_recent(key, self.small, self.main)
+        if not read_to_recent(key, self.small, self.main):
+            return False
+        self.clock += 1
+        self.used[key] = self.clock
+        return True
 
     def put(self, key: Hashable, parent: Hashable | None) -> None:
         if self.get(key) or (parent is not None and parent not in self.parent):
@@ -207,6 +215,8 @@ class PrefixModel:
             return  # evicted to make room for it: the chunk has no way in any more
         self.last = (key, recalled)
         (self.main if recalled else self.small)[key] = None
+        self.clock += 1
+        self.used[key] = self.clock
         self.parent[key] = parent
         if parent is not None:
             self.children.setdefault(parent, []).insert(0, key)
@@ -224,6 +234,9 @@ class PrefixModel:
             victim, kind = next(iter(self.small)), "small"
         else:
             victim, kind = next(iter(self.main)), "main"
+            oldest = next(iter(self.small), None)
+            if oldest is not None and self.used[oldest] <= self.used[victim]:
+                victim, kind = oldest, "small"
         chain = [*self._below(victim), victim]
         c, small, main = self.live(), self.ghosts["small"], self.ghosts["main"]
         for key in chain:
@@ -238,6 +251,7 @@ class PrefixModel:
             self.children.pop(key, None)
             self.small.pop(key, None)
             self.main.pop(key, None)
+            self.used.pop(key, None)
 
     def _below(self, key: Hashable) -> list[Hashable]:
         """The chunks below ``key``, leaves first, in the pool's order (``ChunkTree``)."""

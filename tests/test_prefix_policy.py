@@ -66,6 +66,27 @@ def test_chunks_read_on_probation_outlive_new_unread_ones(prefix_pool):
     assert all(f"k{i}" in pool for i in range(SLOTS // 2)) and "new" in pool
 
 
+@pytest.mark.parametrize("unread_first", [True, False])
+def test_an_unread_chunk_never_outlives_the_chunks_read_before_it(prefix_pool, unread_first):
+    """Probation below its target gives way to main, unless its oldest chunk waited longer
+    than main's least recently used was idle: then that unread chunk goes first."""
+    pool = prefix_pool()
+    unread, read = ["u0", "u1", "u2"], [f"r{i}" for i in range(SLOTS - 3)]
+    for key in read if not unread_first else []:
+        pool.put(key, b"v")
+        pool.get(key)
+    for key in unread:
+        pool.put(key, b"v")
+    for key in read if unread_first else []:
+        pool.put(key, b"v")
+        pool.get(key)
+    pool._engine.table.queues.target = 5.0  # probation (3) is below its target
+    pool.put("new", b"v")
+    gone = {"u0", "r0", *unread, *read, "new"} - set(pool.keys())
+    assert gone == ({"u0"} if unread_first else {"r0"})
+    assert pool.check() == []
+
+
 def test_a_chain_put_again_from_probations_ghosts_goes_to_main_and_grows_probation(prefix_pool):
     pool = prefix_pool()
     put_prompt(pool, "a/b")

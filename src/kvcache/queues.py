@@ -338,6 +338,10 @@ class Queues:
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
 
+    def last_use(self, eid: int) -> int:
+        """The logical clock of entry ``eid``'s last put or hit."""
+        return self._q[eid * ENTRY_WORDS + E.last_access]
+
 
 def find_problems(views: Views, ready: list[int]) -> list[str]:
     """How the entry lists fail to hold each READY entry exactly once, or the ghost counts

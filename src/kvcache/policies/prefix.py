@@ -1,7 +1,7 @@
 """Prefix: for PrefixCache pools; a chunk goes with its prefix, new chunks wait on probation
 whose share adapts, once per returning prompt, to what its evictions cost.
 
-Four facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
+Five facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
 
 - A chunk is reachable only through its parent, so a chunk whose ancestor is
   gone only takes room: the pool keeps the chunk tree (``kvcache.tree``),
@@ -26,6 +26,11 @@ Four facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
   chunk: a chunk recalled under the chunk admitted just before it, from the
   same ghost list, is the same prompt coming back (``Queues.last_admitted``).
   Counted per chunk, long prompts swung the target across the whole pool.
+- A chunk nobody read is more likely dead than a read one idle as long, so
+  probation's oldest also goes first, whatever the target, when its put is
+  older than main's least recently used chunk's last use (``Queues.last_use``,
+  the pool's logical clock): a large pool's probation, grown by its target,
+  never keeps an unread chunk longer than LRU would.
 
 Ghosts are at most the live entries (probation's first to go while they
 exceed what the target leaves them), so the ring that keeps them stays
@@ -91,13 +96,18 @@ class Prefix:
 
     def victim(self, queues: Queues, recalled: int) -> int:
         """The entry to evict now (the pool is full): probation's oldest while probation holds
-        its target (or main is empty), else main's least recently used. It and the chunks
-        below it become ghosts of its list."""
+        its target (or main is empty), or while it is older than main's least recently used
+        (an unread chunk never outlives the chunks read before it), else main's least
+        recently used. It and the chunks below it become ghosts of its list."""
         on_probation = queues.num_probation
         kind = MAIN
         if (on_probation and on_probation >= max(1.0, target(queues))) or not queues.num_main:
             kind = PROBATION
         victim = queues.lists.tail(kind)
+        if victim >= 0 and kind == MAIN and on_probation:
+            oldest = queues.lists.tail(PROBATION)
+            if oldest >= 0 and queues.last_use(oldest) <= queues.last_use(victim):
+                kind, victim = PROBATION, oldest
         if victim < 0:
             raise corrupt("queue lists: a list the counts say holds entries is empty")
         return remember(queues, victim, kind)
