@@ -149,6 +149,14 @@ class ProcessTable:
             and leases.is_held(self._probe_fd, self._lease_byte(slot))
         )
 
+    def is_live_owner(self, slot: int, serial_low: int) -> bool:
+        """``is_live`` for a pool lock word's owner, which keeps the low 32 bits of the serial."""
+        return (
+            0 <= slot < len(self._table)
+            and int(self._table["serial"][slot]) & 0xFFFFFFFF == serial_low
+            and leases.is_held(self._probe_fd, self._lease_byte(slot))
+        )
+
     def others_live(self, slot: int) -> bool:
         """Whether a live holder other than the one of ``slot`` has a slot (this process's
         other handles of the pool count: each holds a slot of its own)."""
