@@ -250,3 +250,31 @@ def test_a_dead_pure_process_count_is_taken_back(make_pool) -> None:
     with deadline(30):
         pool.get("k")
     assert header[H.flock_users] == 0
+
+
+@pytest.mark.skipif(native.poollock is None, reason="this process locks with flock only")
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        (7 << 32) | ((1 << 21) - 1),  # a slot past the process table
+        1 << 31,  # a waiter's mark and no owner
+        (99 << 32) | 1,  # slot 0 with a serial its holder never had
+        -1,
+    ],
+)
+def test_a_garbage_lock_word_is_taken_over_not_waited_for(make_pool, garbage: int) -> None:
+    pool = make_pool("1M", page_size="16K")
+    header = pool._engine.views.header_q
+    repairs = pool.stats().repairs
+    header[H.lock_word] = garbage  # damage: names no live holder
+    header[H.dirty] = 1  # as a holder that died leaves it
+    with deadline(30):
+        pool.put("k", b"after the damage")
+        assert pool.get("k") == b"after the damage"
+    assert header[H.lock_word] == 0
+    assert pool.stats().repairs == repairs + 1
+    header[H.flock_users] = -5  # damage: any non-zero count makes holders take the flock
+    time.sleep(1.1)  # the count is checked at most once a second
+    with deadline(30):
+        pool.get("k")
+    assert header[H.flock_users] == 0  # no flock user lives: taken back
