@@ -152,7 +152,8 @@ class PoolLock:
         self._thread_lock = threading.Lock()
         self._closed = False
         self._mine = 0  # this process's lock word; 0: flock only
-        self._joined = False  # counted in flock_users (flock only)
+        self._counted = False  # counted in flock_users (flock only)
+        self._joined = False  # ... and past the wait for a hold that missed the count
         self._flocked = False  # this hold took the flock (lock word and flock users)
         self._reclaimed_at = 0.0
         self.fd = leases.reopen(mapped_fd)
@@ -162,7 +163,7 @@ class PoolLock:
         """Lock through the lock word as the holder of ``slot`` as ``serial``, where the
         compiled lock is built and the kernel lets this process take part in the fence;
         else (and for a slot of -1) stay with flock. Call before the first hold."""
-        if _word is not None and slot >= 0 and not self._joined and _word.register():
+        if _word is not None and slot >= 0 and not self._counted and _word.register():
             self._mine = owner_word(slot, serial)
 
     def __enter__(self) -> PoolLock:
@@ -229,23 +230,25 @@ class PoolLock:
     def _join(self) -> None:
         """Become a flock user (see the module's overview): count this handle, fence,
         then wait, holding nothing, for a lock-word hold that may have missed the count."""
-        if not leases.try_share(self.fd, USERS_LEASE_BYTE):
-            raise CorruptPoolError(f"pool '{self._name}': the flock users' lease is refused")
         header_q = self._header_q
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
-            header_q[_USERS_AT] = max(header_q[_USERS_AT], 0) + 1
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        self._joined = True
+        if not self._counted:  # once: a join that a signal interrupted goes on from here
+            if not leases.try_share(self.fd, USERS_LEASE_BYTE):
+                raise CorruptPoolError(f"pool '{self._name}': the flock users' lease is refused")
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            try:
+                header_q[_USERS_AT] = max(header_q[_USERS_AT], 0) + 1
+            finally:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self._counted = True
         fence()  # refused (old kernel, seccomp): the flock calls' own barriers, see docs
         seen = header_q[_LOCK_AT] & _WORD_MASK & ~_WAITERS
         pause_s = 0.0001
         while seen and header_q[_LOCK_AT] & _WORD_MASK & ~_WAITERS == seen:
             if not self._is_live(*_owner_of(seen)):
-                return  # it does nothing more; whoever takes the word over reads the count
+                break  # it does nothing more; whoever takes the word over reads the count
             time.sleep(pause_s)
             pause_s = min(pause_s * 2, 0.005)
+        self._joined = True
 
     def _settle(self, retired: int) -> None:
         """Refuse a retired pool, or repair: after a holder that died mid-mutation (``dirty``),
@@ -312,7 +315,7 @@ class PoolLock:
         os.close(self.fd)  # the parent's description, and its flock, live on in the parent
         self.fd = fresh
         self._mine = 0
-        self._joined = self._flocked = False
+        self._counted = self._joined = self._flocked = False
 
     @contextlib.contextmanager
     def closing(self) -> Iterator[int]:
@@ -330,10 +333,10 @@ class PoolLock:
         with self._thread_lock:
             try:
                 yield self.fd
-                if self._joined:
+                if self._counted:
                     with file_lock_only(self.fd):
                         self._header_q[_USERS_AT] = max(self._header_q[_USERS_AT] - 1, 0)
-                    self._joined = False
+                    self._counted = False
             finally:
                 os.close(self.fd)  # drops the flock users' lease with the slot's
 

@@ -18,8 +18,10 @@ a pid from another namespace means nothing, or another process, here.
 
 A slot's ``serial`` is bumped by each new holder, so a record that names its
 writer as (slot, serial) is never mistaken for the work of a later holder of
-the same slot. Claiming needs no pool lock: the kernel grants a lease to one
-claimant only, and only the holder writes its slot.
+the same slot. The pool lock's word names its owner the same way (with the
+serial's low 32 bits: ``is_live_owner``), and a waiter judges it by this
+lease. Claiming needs no pool lock: the kernel grants a lease to one claimant
+only, and only the holder writes its slot.
 
 Slot layout (``layout.PROC_DTYPE``, 32 bytes)::
 
