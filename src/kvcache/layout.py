@@ -213,6 +213,13 @@ HEADER_DTYPE = np.dtype(
         ("regret_accesses", "<i8", (32,)),
         ("regret_accesses_sum", "<i8"),
         ("regret_ring", "<i8", (64 * 3,)),
+        # The pool lock (kvcache.lock): the lock word's owner, and how many handles lock with
+        # flock only. Zero in a pool that never had them (the header's unused bytes are
+        # zero), which reads as "free" and "none", so they need no format bump. A kvcache
+        # from before them locks with flock only without being counted: every process
+        # sharing a pool must run a kvcache that has these words.
+        ("lock_word", "<i8"),
+        ("flock_users", "<i8"),
     ]
 )
 

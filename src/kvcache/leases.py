@@ -37,8 +37,19 @@ def _request(kind: int, offset: int) -> bytes:
 
 def try_hold(fd: int, offset: int) -> bool:
     """Take the lease on byte ``offset`` through ``fd``; False if another description holds it."""
+    return _try_lock(fd, offset, fcntl.F_WRLCK)
+
+
+def try_share(fd: int, offset: int) -> bool:
+    """Take a shared lease (a read lock) on byte ``offset`` through ``fd``: many holders may
+    share it, and ``is_held`` sees it while one lives; False if a description holds it
+    exclusively."""
+    return _try_lock(fd, offset, fcntl.F_RDLCK)
+
+
+def _try_lock(fd: int, offset: int, kind: int) -> bool:
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _request(fcntl.F_WRLCK, offset))
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _request(kind, offset))
     except OSError as exc:
         if exc.errno in (errno.EAGAIN, errno.EACCES):
             return False

@@ -10,6 +10,7 @@ where the extension is built (the tests run both).
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +42,15 @@ def _load_finder() -> Any:
     return Finder
 
 
+def _load_poollock() -> Any:
+    if _forced_pure():
+        return None
+    try:
+        return importlib.import_module("._poollock", __package__)
+    except ImportError:
+        return None
+
+
 sum_and_copy: SumAndCopy | None = _load()
 """``sum_and_copy(summed, sources, targets)``: the XXH3-64 of the buffers ``summed``
 then ``sources``, copying ``sources`` back to back into ``targets`` in the same pass
@@ -49,6 +59,11 @@ then ``sources``, copying ``sources`` back to back into ``targets`` in the same 
 Finder: Any = _load_finder()
 """``kvcache._lookup.Finder``, a get's hit in C (built for one segment by
 ``kvcache.fastpath``); None: not built, or ``KVCACHE_PURE_PYTHON`` is set."""
+
+
+poollock: Any = _load_poollock()
+"""``kvcache._poollock``, the pool lock's futex word (``kvcache.lock``); None: not built,
+or ``KVCACHE_PURE_PYTHON`` is set (the lock then takes flock only)."""
 
 
 def engine() -> str:

@@ -18,8 +18,10 @@ a pid from another namespace means nothing, or another process, here.
 
 A slot's ``serial`` is bumped by each new holder, so a record that names its
 writer as (slot, serial) is never mistaken for the work of a later holder of
-the same slot. Claiming needs no pool lock: the kernel grants a lease to one
-claimant only, and only the holder writes its slot.
+the same slot. The pool lock's word names its owner the same way (with the
+serial's low 32 bits: ``is_live_owner``), and a waiter judges it by this
+lease. Claiming needs no pool lock: the kernel grants a lease to one claimant
+only, and only the holder writes its slot.
 
 Slot layout (``layout.PROC_DTYPE``, 32 bytes)::
 
@@ -146,6 +148,14 @@ class ProcessTable:
         return (
             0 <= slot < len(self._table)
             and int(self._table["serial"][slot]) == serial
+            and leases.is_held(self._probe_fd, self._lease_byte(slot))
+        )
+
+    def is_live_owner(self, slot: int, serial_low: int) -> bool:
+        """``is_live`` for a pool lock word's owner, which keeps the low 32 bits of the serial."""
+        return (
+            0 <= slot < len(self._table)
+            and int(self._table["serial"][slot]) & 0xFFFFFFFF == serial_low
             and leases.is_held(self._probe_fd, self._lease_byte(slot))
         )
 

@@ -7,8 +7,8 @@ pool's views released under them; a thread that failed that way never let go
 of the thread lock, and the threads behind it hung. Every waiter must get
 ``PoolClosedError``, and a call already under the lock must finish first.
 
-The threads are real and blocked for real: behind a ``flock`` that another
-process holds on the segment file, or behind a thread inside the lock. They
+The threads are real and blocked for real: behind the pool lock that another
+process holds, or behind a thread inside the lock. They
 are seen to be waiting through their Python frames, never by sleeping.
 """
 
@@ -24,18 +24,17 @@ import numpy as np
 
 import kvcache
 from kvcache import lock as lock_module
-from kvcache import segment
 from kvcache.layout import H
 
 JOIN_TIMEOUT_S = 30
 """Only for the verdict "it hangs": every thread here ends in well under a second."""
 
-HOLD_FLOCK = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.read()  # until the test closes our stdin
+HOLD_LOCK = """
+import sys, kvcache
+pool = kvcache.open(sys.argv[1])
+with pool._engine.lock:  # the lock word or the flock, as this engine locks
+    print("locked", flush=True)
+    sys.stdin.read()  # until the test closes our stdin
 """
 
 
@@ -79,11 +78,12 @@ def _wait_until(predicate: Callable[[], bool]) -> None:
 
 
 def _waiting_for_the_lock(thread: threading.Thread) -> bool:
-    """Whether ``thread``'s innermost Python frame is ``PoolLock.__enter__``."""
+    """Whether ``thread``'s innermost Python frame is ``PoolLock.__enter__`` or the
+    helper it waits in for the lock word."""
     frame = sys._current_frames().get(thread.ident or -1)
     return (
         frame is not None
-        and frame.f_code.co_name == "__enter__"
+        and frame.f_code.co_name in ("__enter__", "_take_word")
         and frame.f_code.co_filename == lock_module.__file__
     )
 
@@ -129,7 +129,7 @@ def test_threads_waiting_behind_another_process_get_pool_closed_error(make_pool,
     pool = make_pool()
     pool.put("k", b"value")
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_FLOCK, str(segment.segment_path(pool_name))],
+        [sys.executable, "-c", HOLD_LOCK, pool_name],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

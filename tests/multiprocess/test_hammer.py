@@ -71,6 +71,33 @@ def test_processes_hammer_one_small_pool(make_pool, shape: str) -> None:
     assert set(pool.stats().attached).isdisjoint(p.pid for p in procs)  # they closed and left
 
 
+def test_compiled_and_pure_python_processes_hammer_one_pool(make_pool, monkeypatch) -> None:
+    """Both engines at once: the lock word and flock exclude each other (see kvcache.lock)."""
+    params = dict(POOLS["8M-16K-fifo"])
+    key_space, max_size = params.pop("key_space"), params.pop("max_size")
+    pool = make_pool(**params)
+    with Children() as children:
+        procs = []
+        for seed in range(WORKERS):
+            if seed % 2:
+                monkeypatch.setenv("KVCACHE_PURE_PYTHON", "1")
+            else:
+                monkeypatch.delenv("KVCACHE_PURE_PYTHON", raising=False)
+            procs.append(
+                children.start(
+                    "hammer",
+                    pool=pool.name,
+                    seed=seed,
+                    seconds=SECONDS,
+                    key_space=key_space,
+                    max_size=max_size,
+                    mix=READ_HEAVY,
+                )
+            )
+        results = [children.result(proc, timeout=SECONDS + 30) for proc in procs]
+    _assert_consistent(pool, results)
+
+
 def test_threads_hammer_one_shared_pool_object(make_pool) -> None:
     params = dict(POOLS["8M-16K-fifo"])
     key_space, max_size = params.pop("key_space"), params.pop("max_size")

@@ -13,6 +13,7 @@ import pytest
 from workers import Children, audit, hammer, make_value, sample_values, verify, wait_for_line
 
 import kvcache
+from kvcache.layout import H
 
 
 def test_value_written_by_exited_process_is_read_by_a_later_one(pool_name: str) -> None:
@@ -165,9 +166,24 @@ def test_pool_opened_before_fork_is_shared_concurrently(make_pool) -> None:
     assert pool.stats().used_bytes == live_bytes
 
 
+def _probe_lock(pool: kvcache.Pool) -> bytes:
+    """In the forked child: whether its lock is the parent's (``acquired``) or excluded."""
+    lock = pool._engine.lock
+    if lock._mine:  # the lock word: the parent's slot holds it, so it must not name us
+        held_by = pool._engine.views.header_q[H.lock_word] & ((1 << 64) - 1) & ~(1 << 31)
+        return b"acquired " if held_by == lock._mine else b"blocked "
+    try:
+        fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return b"blocked "
+    fcntl.flock(lock.fd, fcntl.LOCK_UN)
+    return b"acquired "
+
+
 @pytest.mark.parametrize("name_now", ["kept", "removed", "recreated"])
 def test_forked_child_gets_a_lock_of_its_own(make_pool, name_now: str) -> None:
-    """White-box: with the parent inside ``pool._engine.lock``, the child's flock must not succeed.
+    """White-box: with the parent inside ``pool._engine.lock``, the child must not hold it:
+    its flock must not succeed, and its lock word identity must not be the parent's.
 
     Without ``Pool._after_fork`` the child would share the parent's open file
     description, and so its flock: both would "hold" the lock at once. Regression:
@@ -187,12 +203,7 @@ def test_forked_child_gets_a_lock_of_its_own(make_pool, name_now: str) -> None:
         if pid == 0:
             code = 1
             try:
-                try:
-                    fcntl.flock(pool._engine.lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    os.write(write_end, b"acquired ")
-                    fcntl.flock(pool._engine.lock.fd, fcntl.LOCK_UN)
-                except BlockingIOError:
-                    os.write(write_end, b"blocked ")
+                os.write(write_end, _probe_lock(pool))
                 pool.put("child", b"waited")  # blocks until the parent lets go
                 os.write(write_end, b"stored")
                 code = 0

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from .. import durable
 from ..errors import KVCacheError, PoolFullError
-from ..lock import ClosedLock, closed_error, file_lock_only
+from ..lock import ClosedLock, closed_error
 from .store import Store
 
 
@@ -32,7 +32,7 @@ def close(store: Store) -> None:
             if store.bytes_in or store.bytes_out:
                 # after closing began, so that threads waiting for the lock are refused
                 # while this waits for another process's hold, as they were before
-                with file_lock_only(lock_fd):
+                with store.lock.others_excluded():
                     store.add_kept_back()
             if store.slot >= 0:
                 store.procs.leave(lock_fd, store.slot)
@@ -77,6 +77,7 @@ def after_fork(store: Store) -> None:
     except PoolFullError:
         store.slot = -1  # reads still work; write refuses with the reason
     store.table.owner = (store.slot, store.serial)
+    store.lock.own(store.slot, store.serial)
 
 
 _PARTS = (

@@ -109,8 +109,10 @@ class Store:
             views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
         )
         table = self.table = Table(seg.name, config, views, seg, allocator, clock)
-        self.lock = PoolLock(seg.fd, views.header_q, self.repair, self.name)
         self.procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
+        self.lock = PoolLock(
+            seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
+        )
         self.evictor = Evictor(table, self.procs, rng)
         table.make_room = self.evictor.make_room
         self.metrics = MetricsRegion(views.metrics, self.lock)
@@ -145,6 +147,7 @@ class Store:
         """Claim a process slot and, under the lock, check the pool as a new handle must."""
         self.slot, self.serial = self.procs.claim(self.lock.fd)
         self.table.owner = (self.slot, self.serial)
+        self.lock.own(self.slot, self.serial)
         with self.lock:
             if self.on_disk:
                 durable.on_open(
