@@ -43,7 +43,7 @@ def every_op_timed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_region_follows_the_header_and_fits() -> None:
     assert METRICS_OFFSET == HEADER_BYTES
     assert METRICS_DTYPE.itemsize <= METRICS_BYTES
-    assert FORMAT_VERSION == 9
+    assert FORMAT_VERSION == 10
     geometry = Geometry.for_config(PoolConfig.build("1M", page_size="4K"))
     assert geometry.procs_offset == METRICS_OFFSET + METRICS_BYTES  # nothing else in it
 
@@ -233,7 +233,7 @@ def test_repair_zeroes_negative_counters(make_pool: Callable[..., kvcache.Pool])
     assert pool.metrics().latency["get"].counts[3] == 0
 
 
-@pytest.mark.parametrize("older", [5, 6, 7, 8])
+@pytest.mark.parametrize("older", [5, 6, 7, 8, 9])
 def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
     with kvcache.create(pool_name, "1M", page_size="4K") as pool:
         path = pool.path

@@ -54,9 +54,14 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 9
-READABLE_VERSIONS = (9,)
-"""9: ``prefix`` runs on the exact queues of format 8 (probation with an adaptive
+FORMAT_VERSION = 10
+READABLE_VERSIONS = (10,)
+"""10: the pool lock is a word in the header (``lock_word``, ``flock_users``;
+``kvcache.lock``) wherever the compiled engine is built, and flock only for the
+handles counted in ``flock_users``. A format-9 kvcache would lock with flock
+alone, uncounted, so processes holding the word would not exclude it: format-9
+pools are refused, and format-9 kvcache refuses these (persist and restore them).
+9: ``prefix`` runs on the exact queues of format 8 (probation with an adaptive
 target, main, ghosts) instead of a frequency sketch in the ghost region, so a
 format-8 prefix pool's ghost region and entry lists would be read wrong:
 format-8 pools are refused (persist and restore them). The header gains the
@@ -213,11 +218,8 @@ HEADER_DTYPE = np.dtype(
         ("regret_accesses", "<i8", (32,)),
         ("regret_accesses_sum", "<i8"),
         ("regret_ring", "<i8", (64 * 3,)),
-        # The pool lock (kvcache.lock): the lock word's owner, and how many handles lock with
-        # flock only. Zero in a pool that never had them (the header's unused bytes are
-        # zero), which reads as "free" and "none", so they need no format bump. A kvcache
-        # from before them locks with flock only without being counted: every process
-        # sharing a pool must run a kvcache that has these words.
+        # format 10: the pool lock (kvcache.lock): the lock word's owner, and how many
+        # handles lock with flock only (zero: "free" and "none")
         ("lock_word", "<i8"),
         ("flock_users", "<i8"),
     ]
