@@ -215,3 +215,51 @@ def test_the_lookup_is_clean_under_address_sanitizer_on_damaged_segments(tmp_pat
     """kvcache._lookup built with -fsanitize=address,undefined, probing segments whose
     index, entry table and page links are overwritten at random: no read outside them."""
     run_sanitized(tmp_path, "lookup", LOOKUP_ASAN_DRIVER, KVCACHE_PURE_PYTHON="1")
+
+POOLLOCK_ASAN_DRIVER = """
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("kvcache._poollock", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+words = 8
+header = bytearray(words * 8)  # malloc'd: a word past its end meets ASAN's redzone
+view = memoryview(header).cast("Q")
+for bad in (-1, words, 1 << 40, -(1 << 62)):
+    for call in (lambda: module.lock(header, bad, 1, 5), lambda: module.unlock(header, 0, bad),
+                 lambda: module.take_over(header, bad, 1, 5, 6)):
+        try:
+            call()
+        except (ValueError, OverflowError):
+            continue
+        raise AssertionError(f"index {bad} was accepted")
+try:
+    module.lock(memoryview(bytearray(72))[1:65], 0, 1, 5)  # a misaligned header
+    raise AssertionError("a misaligned header was accepted")
+except ValueError:
+    pass
+assert module.lock(header, 0, 1, 5) == 0 and view[0] == 5
+assert module.lock(header, 0, 1, 6) == -1  # held: a wait that times out
+assert module.take_over(header, 0, 1, 4, 6) == -1  # not the word seen
+view[1] = 1
+assert module.take_over(header, 0, 1, view[0], 6) == 1
+assert view[0] & 0x1FFFFF == 6  # the owner replaced, the waiters mark kept
+module.unlock(header, 0, 1)
+assert view[0] == 0
+rng = random.Random(3)
+for _ in range(300):
+    view[0] = rng.choice([0, 1, 1 << 31, (1 << 64) - 1, 1 << 63, rng.getrandbits(64)])
+    if view[0]:
+        assert module.lock(header, 0, 1, 5) == -1
+        assert module.take_over(header, 0, 1, view[0], 5) in (0, 1)
+    module.unlock(header, 0, 1)
+    assert module.lock(header, rng.randrange(words), rng.randrange(words), 7) in (0, 1, -1)
+    module.unlock(header, 0, 1)
+print("clean")
+"""
+
+
+@pytest.mark.skipif(native.poollock is None, reason="kvcache._poollock is not built here")
+def test_the_lock_word_is_clean_under_address_sanitizer(tmp_path: Path) -> None:
+    """kvcache._poollock built with -fsanitize=address,undefined: word indices past the
+    header and misaligned headers refused, any value of the word handled."""
+    run_sanitized(tmp_path, "poollock", POOLLOCK_ASAN_DRIVER)
