@@ -341,7 +341,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         self._gets_left -= 1
         if not self._gets_left:
             return self._timed(GET, self.get_into, key, buffer)
-        length = self._read(key, copy)
+        length = self._read(key, copy, into=target)
         if length is None and self._chained:
             length = self._chain.read_missed(key, copy)
         return length

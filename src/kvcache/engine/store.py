@@ -166,10 +166,13 @@ class Store:
         copy: Callable[[bytes, transfer.Payload], Copied],
         *,
         count: bool = True,
+        into: memoryview | None = None,
     ) -> Copied | None:
         """Look ``key`` up and ``copy`` its (codec header, payload views) out; None on a miss.
 
-        ``count``: count the lookup in stats (a hit or a miss).
+        ``count``: count the lookup in stats (a hit or a miss). ``into``: the
+        buffer ``copy`` fills (a ``get_into``), for the compiled copy of small
+        values; ``copy`` must then return the payload's length.
 
         Small values are copied under the lock. Larger ones are copied without
         it and kept only if the entry's generation did not change meanwhile
@@ -184,7 +187,7 @@ class Store:
             on_disk = self.on_disk
             if on_disk:
                 self.segment.shed()
-            fast = None if self.verify_reads else self.table.fast  # verified reads: in Python
+            fast, verify = self.table.fast, self.verify_reads
             for _ in range(READ_ATTEMPTS):
                 with self.lock:
                     eid = self._lookup(key_bytes, count=count, read_ahead=on_disk)
@@ -192,16 +195,27 @@ class Store:
                         return None
                     value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
                     inline = value_len <= INLINE_COPY_MAX_BYTES
-                    if fast is not None and inline and copy is transfer.materialise:
-                        value = fast.copy_value(self.views.raw, eid, INLINE_COPY_MAX_BYTES)
-                        if value is not None:  # plain bytes, copied in C (kvcache.fastpath)
+                    value = None
+                    if fast is not None and inline:  # copied (and summed) in C
+                        if into is not None:
+                            value = fast.copy_into(
+                                self.views.raw, eid, into, INLINE_COPY_MAX_BYTES, verify
+                            )
+                        elif copy is transfer.materialise:  # plain bytes only
+                            value = fast.copy_value(
+                                self.views.raw, eid, INLINE_COPY_MAX_BYTES, verify
+                            )
+                        if value is not None:
                             self.bytes_out += value_len if count else 0
+                            if value is False:  # its bytes fail their checksum
+                                self._drop_damaged(eid)
+                                return None
                             return value  # type: ignore[no-any-return]
                     # Counted once the views have checked the length against the pages: a
                     # damaged length must not reach the metrics region.
                     header, payload, generation = self._value_views(eid, from_file=not inline)
                     self.bytes_out += value_len if count else 0
-                    checked = self._summed(eid, payload=False) if self.verify_reads else None
+                    checked = self._summed(eid, payload=False) if verify else None
                     if on_disk:
                         # Even a value read from the file maps the pages of its key (in
                         # folios of up to a value's size, measured): counted the same.
