@@ -165,6 +165,26 @@ def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, poli
 
 
 @compiled
+def test_a_clean_miss_and_a_contains_run_no_python_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key certainly absent is answered in C (the miss counted in Python), and so is
+    ``in`` for a plain hit; the Python probe (``Table.find``) stays for everything else."""
+    with new_pool("lru", Ticks(), pure=False) as pool:
+        pool.put("here", b"v" * 100)
+
+        def python_probe(*args: object, **kwargs: object) -> int:
+            raise AssertionError("the Python probe ran")
+
+        monkeypatch.setattr(pool._engine.table, "find", python_probe)
+        assert pool.get("absent") is None
+        assert pool.get_into("absent", bytearray(10)) is None
+        assert "here" in pool and "absent" not in pool
+        assert pool.get("here") == b"v" * 100
+        stats = pool.stats()
+        assert (stats.hits, stats.misses) == (1, 2)
+        monkeypatch.undo()
+
+
+@compiled
 @pytest.mark.parametrize("verify", [None, False, True])
 @pytest.mark.parametrize("read", ["get", "get_into"])
 def test_both_engines_answer_a_damaged_payload_byte_alike(verify: bool | None, read: str) -> None:

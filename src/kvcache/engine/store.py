@@ -393,7 +393,7 @@ class Store:
     def contains(self, key_bytes: bytes) -> bool:
         """Whether ``key_bytes`` has a live, unexpired entry (no effect on stats or recency)."""
         with self.lock:
-            eid = self.table.find(key_bytes)
+            eid = self.table.find_present(key_bytes)
             return (
                 eid >= 0 and self.views.entries_d[eid * ENTRY_WORDS + E.expires_at] > self.clock()
             )

@@ -127,6 +127,17 @@ class Table:
             return -1  # a 128-bit hash collision: treat as absent
         return eid
 
+    def find_present(self, key_bytes: bytes) -> int:
+        """``find`` for a question that touches nothing (``contains``), answered in C where
+        the key is a plain unexpired hit or certainly absent (``kvcache.fastpath``)."""
+        if self.fast is not None:
+            eid = self.fast.find_hit(self.views.raw, key_bytes, self.clock(), False)
+            if eid >= 0:
+                return eid
+            if eid == fastpath.ABSENT:
+                return -1
+        return self.find(key_bytes)
+
     def is_ready(self, eid: int, generation: int) -> bool:
         """Whether ``eid`` is still the READY entry it was when ``generation`` was read."""
         base = eid * ENTRY_WORDS
