@@ -248,7 +248,7 @@ def open(
         verify_reads: check each value read against the checksum written with
             it; a damaged entry is dropped, counted (``stats().damaged``) and read
             as a miss. None, the default, checks values of up to 16 KiB, where
-            the hash costs under 10% of a read; True checks every value (+30-60%
+            the hash costs under 10% of a read; True checks every value (+16-63%
             on a 1-16 MiB read); False none (see docs/performance.md). Disk pools
             check every value whatever this says.
         trust_owner: also accept a pool owned by this user (name or uid), e.g. a

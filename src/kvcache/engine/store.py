@@ -65,7 +65,7 @@ READ_ATTEMPTS = 4
 VERIFIED_READ_MAX_BYTES = 16 << 10
 """By default a read sums values up to 16 KiB against their checksum: there it costs under
 10% of a get or get_into (compiled, summed in the copy's pass: +1-2% at 4 KiB, +5-8% at
-16 KiB), and from 32 KiB up it costs more (+11-14% at 32-64 KiB, +30-45% at 1 MiB, +55-60%
+16 KiB), and from 32 KiB up it costs more (+6-14% at 32-64 KiB, +16-44% at 1 MiB, +55-63%
 at 16 MiB: xxh3 runs at only about twice the speed of the copy), measured with
 benchmarks/bench_copysum.py (docs/performance.md)."""
 
