@@ -3,7 +3,7 @@ gets and puts with the compiled engine against pure Python.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_copysum.py          # about 60 s
+    .venv/bin/python benchmarks/bench_copysum.py          # about 2-3 minutes
     .venv/bin/python benchmarks/bench_copysum.py --quick  # smoke variant (CI)
 
 Why: a put sums a value (XXH3-64, the checksum every read can verify) and copies
@@ -22,6 +22,14 @@ The first table times 4 KiB operations on one pool (``lru``, 1,000 keys, never
 full) from two child processes, one compiled and one with
 ``KVCACHE_PURE_PYTHON=1``, taking turns (and going first in turn) within each
 repeat; it shows the median rate of each and the median of the per-repeat ratios.
+
+The second shows what verifying a read costs (compiled): per value size, one pool
+(64 KiB pages) holding 128 MiB of values (``--quick`` 32 MiB), read with ``get``
+and ``get_into`` through two handles of this process, one opened with
+``verify_reads=False`` and one with ``verify_reads=True``, taking turns within each
+repeat; the cost is the median of the per-repeat ratios. By default a pool verifies
+values up to ``kvcache.engine.store.VERIFIED_READ_MAX_BYTES`` (16 KiB), the sizes
+where this table shows it under 10% of a read.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import xxhash
@@ -150,6 +159,68 @@ def _small_table(count: int, repeats: int) -> None:
                 ("operation", "compiled ops/s", "pure ops/s", "compiled / pure"), rows)
 
 
+VERIFY_SIZES = (4 << 10, 16 << 10, 64 << 10, 1 << 20, 16 << 20)
+VERIFY_OPS = ("get", "get_into")
+
+
+def _verify_rates(
+    size: int, set_bytes: int, moved_bytes: int, repeats: int
+) -> dict[str, list[float]]:
+    """Seconds per operation of each (operation, verified) pair per repeat, on one pool of
+    ``set_bytes`` of values of ``size``, read through two handles: one opened with
+    ``verify_reads=False``, one with ``verify_reads=True``, taking turns within each repeat."""
+    count = max(2, set_bytes // size)
+    ops = max(count, moved_bytes // size)
+    name = f"bench-verify-{uuid.uuid4().hex[:8]}"
+    page = 64 << 10  # the default page size: a 4 KiB value takes a page of its own
+    entry_bytes = -(-(size + 16) // page) * page
+    pool = kvcache.create(name, count * entry_bytes * 5 // 4 + (16 << 20), verify_reads=False)
+    checked = kvcache.open(name, verify_reads=True)
+    times: dict[str, list[float]] = {}
+    try:
+        value = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+        keys = [f"v{i}" for i in range(count)]
+        for key in keys:
+            pool.put(key, value)
+        target = bytearray(size)
+        handles = [("off", pool), ("on", checked)]
+        for _ in range(repeats):
+            handles.reverse()  # each goes first in turn
+            for op in VERIFY_OPS:
+                for verified, handle in handles:
+                    read = handle.get if op == "get" else partial(handle.get_into, buffer=target)
+                    began = time.perf_counter()
+                    for i in range(ops):
+                        if read(keys[i % count]) is None:
+                            sys.exit(f"{op} of a {size}-byte value missed: nothing to time")
+                    times.setdefault(f"{op} {verified}", []).append(
+                        (time.perf_counter() - began) / ops)
+    finally:
+        checked.close()
+        pool.close()
+        kvcache.destroy(name)
+    return times
+
+
+def _verify_table(set_bytes: int, moved_bytes: int, repeats: int) -> None:
+    """What verifying every read costs per size: the same reads with and without it."""
+    if native.Finder is None:
+        print("\n(verified reads: kvcache._lookup is not built; no compiled engine to time)")
+        return
+    rows = []
+    for size in VERIFY_SIZES:
+        times = _verify_rates(size, set_bytes, moved_bytes, repeats)
+        for op in VERIFY_OPS:
+            off, on = times[f"{op} off"], times[f"{op} on"]
+            cost = statistics.median(b / a - 1 for a, b in zip(off, on, strict=True))
+            label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+            rows.append((f"{label} {op}", f"{statistics.median(off) * 1e6:.2f}",
+                         f"{statistics.median(on) * 1e6:.2f}", f"{cost * 100:+.1f}%"))
+    print_table(f"Verified reads, compiled engine: verify_reads off and on, taking turns "
+                f"({set_bytes >> 20} MiB of values per size, {repeats} repeats)",
+                ("value, read", "off (us)", "on (us)", "cost"), rows)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--small-worker"]:
         _small_rates(sys.argv[2], int(sys.argv[3]))
@@ -158,6 +229,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller working set (CI smoke)")
     args = parser.parse_args()
     _small_table(*((10_000, 3) if args.quick else (100_000, 7)))
+    _verify_table(*((32 << 20, 64 << 20, 3) if args.quick else (128 << 20, 512 << 20, 7)))
     working_set, repeats = (128 << 20, 3) if args.quick else (512 << 20, 7)
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
     _table(f"Values through a {working_set >> 20} MiB working set (from memory)",

@@ -6,7 +6,10 @@ a stray writer (or the namespace bug that motivated this) would.
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -48,10 +51,10 @@ def test_check_finds_damaged_bytes_and_repair_removes_them(make_pool: Maker, siz
 
 @pytest.mark.parametrize("size", [100, 200_000])
 def test_verify_reads_turns_damage_into_a_miss(make_pool: Maker, size: int) -> None:
-    pool = make_pool("4M", page_size="4K")
+    pool = make_pool("4M", page_size="4K", verify_reads=False)
     pool.put("k", b"v" * size)
     _damage(pool, "k")
-    unchecked = pool.get("k")  # by default reads are not summed: the damage shows
+    unchecked = pool.get("k")  # reads not summed: the damage shows
     assert unchecked is not None and unchecked != b"v" * size
     with kvcache.open(pool.name, verify_reads=True) as checked:
         assert checked.get("k") is None
@@ -61,6 +64,60 @@ def test_verify_reads_turns_damage_into_a_miss(make_pool: Maker, size: int) -> N
     pool.put("k", b"v" * size)
     with kvcache.open(pool.name, verify_reads=True) as checked:
         assert checked.get("k") == b"v" * size  # sound entries read as usual
+
+
+READER = """
+import sys, kvcache
+from kvcache import native
+name, mode, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+expected = bytes(range(256)) * (size // 256) + b"t" * (size % 256)
+options = {"on": {"verify_reads": True}, "off": {"verify_reads": False}, "default": {}}[mode]
+with kvcache.open(name, **options) as pool:
+    got = pool.get("k")
+    into = bytearray(size)
+    length = pool.get_into("k", into)
+    seen = ["miss" if v is None else "intact" if v == expected else "damaged" for v in
+            (got, None if length is None else bytes(into))]
+    print(native.engine(), *seen, pool.stats().damaged)
+"""
+
+
+def _read_in_a_process(name: str, mode: str, size: int, pure: str) -> list[str]:
+    """What a new process reading ``k`` sees: its engine, the get's and the get_into's
+    answer (miss, intact or damaged bytes) and the pool's damaged count."""
+    return subprocess.run(
+        [sys.executable, "-c", READER, name, mode, str(size)],
+        env={**os.environ, "KVCACHE_PURE_PYTHON": pure},
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+
+
+@pytest.mark.parametrize("pure", ["", "1"], ids=["compiled", "pure-python"])
+@pytest.mark.parametrize("size", [100, 4096, 200_000])  # in one page, in several, outside the lock
+def test_a_byte_flipped_in_dev_shm_is_served_unverified_and_a_damaged_miss_verified(
+    make_pool: Maker, size: int, pure: str
+) -> None:
+    """The damage is written through the segment's file in /dev/shm, as any process that
+    maps the pool could; readers of both engines are separate processes. By default a
+    value of up to 16 KiB is verified (a damaged miss), a larger one is not."""
+    pool = make_pool("4M", page_size="4K")
+    pool.put("k", bytes(range(256)) * (size // 256) + b"t" * (size % 256))
+    engine = "pure-python" if pure else "compiled"
+    assert _read_in_a_process(pool.name, "on", size, pure) == [engine, "intact", "intact", "0"]
+    table = pool._engine.table
+    eid = table.find(b"k")
+    first_page = table.eq[eid * ENTRY_WORDS + E.first_page]
+    at = table.data_offset + first_page * table.page_size + len(b"k") + 50
+    with open(pool._segment.path, "r+b") as segment_file:
+        (byte,) = os.pread(segment_file.fileno(), 1, at)
+        os.pwrite(segment_file.fileno(), bytes([byte ^ 0x01]), at)
+    assert _read_in_a_process(pool.name, "off", size, pure) == [
+        engine, "damaged", "damaged", "0"
+    ]
+    by_default = ["damaged", "damaged", "0"] if size > 16 << 10 else ["miss", "miss", "1"]
+    assert _read_in_a_process(pool.name, "default", size, pure) == [engine, *by_default]
+    assert _read_in_a_process(pool.name, "on", size, pure) == [engine, "miss", "miss", "1"]
+    assert "k" not in pool and pool.check() == []  # dropped, and nothing else harmed
 
 
 def test_persist_keeps_the_pool_sums_so_restore_skips_damage(make_pool: Maker, tmp_path) -> None:

@@ -1,11 +1,13 @@
 """The compiled get hit (``kvcache.fastpath``, ``kvcache._lookup``) against the Python lookup.
 
-The C code answers a plain hit and says "not here" (-1, None) for anything else,
-so the Python lookup decides every miss and every damaged word. These tests hold
-it to that: the same operations on a compiled and a pure-Python pool leave the
-same answers and the same segment; words of the index, entry table and page
-links overwritten at random give either the Python path's answer or nothing,
-never a crash; and processes of both engines share one pool.
+The C code answers a plain hit, a clean miss (ABSENT) and a small value's copy,
+summed against its checksum when the pool verifies reads, and says "not here"
+(-1, None) for anything else, so the Python lookup decides every other miss and
+every damaged word. These tests hold it to that: the same operations (a flipped
+payload byte among them) on a compiled and a pure-Python pool leave the same
+answers and the same segment; words of the index, entry table and page links
+overwritten at random give either the Python path's answer or nothing, never a
+crash; and processes of both engines share one pool.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvcache
-from kvcache import CorruptPoolError, native
+from kvcache import CorruptPoolError, fastpath, native
 from kvcache.keys import encode_key, key_hash
 from kvcache.layout import ENTRY_DTYPE
 from kvcache.policies import POLICIES
@@ -49,11 +51,22 @@ class Ticks:
 
 @contextlib.contextmanager
 def new_pool(
-    policy: str, clock: Ticks, *, pure: bool, lfu_half_life: int | None = None
+    policy: str,
+    clock: Ticks,
+    *,
+    pure: bool,
+    lfu_half_life: int | None = None,
+    verify_reads: bool | None = None,
 ) -> Iterator[kvcache.Pool]:
     name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
     pool = kvcache.create(
-        name, "256K", page_size="1K", policy=policy, clock=clock, lfu_half_life=lfu_half_life
+        name,
+        "256K",
+        page_size="1K",
+        policy=policy,
+        clock=clock,
+        lfu_half_life=lfu_half_life,
+        verify_reads=verify_reads,
     )
     if pure:
         pool._engine.table.fast = None  # the reference: Table.lookup's Python path only
@@ -82,7 +95,9 @@ def test_the_key_hash_in_c_is_the_index_hash(key: bytes) -> None:
 KEYS = ["a", "b", "ключ", b"\x00raw", "long" * 40]
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["put", "get", "get", "get", "delete", "tick", "contains"]),
+        st.sampled_from(
+            ["put", "get", "get", "get", "get_into", "delete", "tick", "contains", "damage"]
+        ),
         st.sampled_from(KEYS),
         st.sampled_from([0, 1, 100, 1023, 1024 - 5, 3000, 70_000]),  # value bytes
         st.sampled_from([None, None, 5.0]),  # ttl
@@ -91,12 +106,35 @@ OPS = st.lists(
 )
 
 
+def flip_a_payload_byte(pool: kvcache.Pool, key: str | bytes, at: int) -> bool:
+    """Flip one byte of ``key``'s value in the shared pages, as a stray writer would; whether
+    there was one to flip."""
+    table = pool._engine.table
+    key_bytes, _ = encode_key(key)
+    eid = table.find(key_bytes)
+    if eid < 0:
+        return False
+    _, payload, _ = table.value_views(eid)
+    if not payload.nbytes:
+        return False
+    view = payload.views[0]
+    view[at % len(view)] ^= 0x5A
+    return True
+
+
 @compiled
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, policy=st.sampled_from(PLAIN_POLICIES))
-def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy) -> None:
+@given(
+    ops=OPS, policy=st.sampled_from(PLAIN_POLICIES), verify=st.sampled_from([None, False, True])
+)
+def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy, verify):
+    """Damaged payload bytes included: verified (all values, or by default those up to 16
+    KiB), both drop the entry and count it damaged; unverified, both serve the damaged
+    bytes."""
     clock = Ticks()
-    with new_pool(policy, clock, pure=False) as fast, new_pool(policy, clock, pure=True) as ref:
+    with new_pool(policy, clock, pure=False, verify_reads=verify) as fast, new_pool(
+        policy, clock, pure=True, verify_reads=verify
+    ) as ref:
         for op, key, size, ttl in ops:
             if op == "tick":
                 clock.now += 2.0  # past a ttl after three ticks: expired entries are Python's
@@ -108,6 +146,12 @@ def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, poli
                     answers.append(None)
                 elif op == "get":
                     answers.append(pool.get(key))
+                elif op == "get_into":
+                    target = bytearray(70_000)
+                    length = pool.get_into(key, target)
+                    answers.append(None if length is None else bytes(target[:length]))
+                elif op == "damage":
+                    answers.append(flip_a_payload_byte(pool, key, size))
                 elif op == "delete":
                     answers.append(pool.delete(key))
                 else:
@@ -118,6 +162,57 @@ def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, poli
         assert a.entries.tobytes() == b.entries.tobytes()  # hits touched alike, bit for bit
         assert a.index.tobytes() == b.index.tobytes()
         assert a.header["clock"] == b.header["clock"] and a.header["hits"] == b.header["hits"]
+
+
+@compiled
+def test_a_clean_miss_and_a_contains_run_no_python_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key certainly absent is answered in C (the miss counted in Python), and so is
+    ``in`` for a plain hit; the Python probe (``Table.find``) stays for everything else."""
+    with new_pool("lru", Ticks(), pure=False) as pool:
+        pool.put("here", b"v" * 100)
+
+        def python_probe(*args: object, **kwargs: object) -> int:
+            raise AssertionError("the Python probe ran")
+
+        monkeypatch.setattr(pool._engine.table, "find", python_probe)
+        assert pool.get("absent") is None
+        assert pool.get_into("absent", bytearray(10)) is None
+        assert "here" in pool and "absent" not in pool
+        assert pool.get("here") == b"v" * 100
+        stats = pool.stats()
+        assert (stats.hits, stats.misses) == (1, 2)
+        monkeypatch.undo()
+
+
+@compiled
+@pytest.mark.parametrize("verify", [None, False, True])
+@pytest.mark.parametrize("read", ["get", "get_into"])
+def test_both_engines_answer_a_damaged_payload_byte_alike(verify: bool | None, read: str) -> None:
+    """Verified, both engines drop a damaged value (in C or in Python, under the lock or
+    outside it) as a counted damaged miss; unverified, both serve the damaged bytes. By
+    default (None) values of up to 16 KiB are verified."""
+    clock = Ticks()
+    sizes = [1, 100, 1023, 3000, 16 << 10, (16 << 10) + 1, 70_000]
+    verified = [verify is True or (verify is None and size <= 16 << 10) for size in sizes]
+    with new_pool("lru", clock, pure=False, verify_reads=verify) as fast, new_pool(
+        "lru", clock, pure=True, verify_reads=verify
+    ) as ref:
+        answers: dict[str, list[object]] = {"fast": [], "ref": []}
+        for label, pool in (("fast", fast), ("ref", ref)):
+            for size in sizes:
+                pool.put(f"k{size}", bytes([size % 251]) * size)
+                assert flip_a_payload_byte(pool, f"k{size}", size // 2)
+            for size in sizes:
+                if read == "get":
+                    answers[label].append(pool.get(f"k{size}"))
+                else:
+                    target = bytearray(size)
+                    answers[label].append(pool.get_into(f"k{size}", target) and bytes(target))
+        assert answers["fast"] == answers["ref"]
+        assert [answer is None for answer in answers["fast"]] == verified
+        assert fast.stats().damaged == ref.stats().damaged == sum(verified)
+        assert replace(fast.stats(), name="") == replace(ref.stats(), name="")
+        assert fast._engine.views.entries.tobytes() == ref._engine.views.entries.tobytes()
 
 
 @compiled
@@ -141,7 +236,7 @@ def test_bug_a_half_life_past_2_53_refused_the_pool(half_life: int) -> None:
 
 C_FIELDS = [
     "generation", "state", "hash_lo", "hash_hi", "key_len", "header_len", "value_len",
-    "first_page", "num_pages", "last_access", "freq", "expires_at",
+    "first_page", "num_pages", "last_access", "freq", "expires_at", "flags", "checksum",
 ]
 """The entry words the C code reads."""
 
@@ -170,6 +265,32 @@ def python_answer(pool: kvcache.Pool, key_bytes: bytes) -> int:
         return -2
 
 
+def check_copies(engine, eid: int) -> None:
+    """The C copies of entry ``eid``, verified or not, hold what the Python path reads, and
+    a verified one is refused (False) exactly where the Python sum finds damage."""
+    fast, raw = engine.table.fast, engine.views.raw
+    try:
+        _, payload, _ = engine.table.value_views(eid)
+        expected, intact = payload.join(), engine.table.summed(eid).intact()
+    except (CorruptPoolError, IndexError, ValueError, OverflowError):
+        expected = intact = None  # damage the Python path reports: C declines or agrees
+    for verify in (False, True):
+        target = bytearray(1 << 16)
+        copies = [
+            fast.copy_value(raw, eid, 1 << 16, verify),
+            fast.copy_into(raw, eid, target, 1 << 16, verify),
+        ]
+        if copies[1] is not None and copies[1] is not False:
+            copies[1] = bytes(target[: copies[1]])
+        for copied in copies:
+            if copied is None or expected is None:
+                continue
+            if copied is False:
+                assert verify and intact is False
+            else:
+                assert copied == expected and (intact or not verify)
+
+
 @compiled
 @settings(
     max_examples=300,
@@ -188,12 +309,11 @@ def test_damaged_words_give_the_python_answer_or_none_never_a_crash(data) -> Non
             key_bytes, _ = encode_key(key)
             with engine.lock:
                 eid = fast.find_hit(raw, key_bytes, engine.clock(), False)
+                if eid == fastpath.ABSENT:  # a clean miss in C is a miss in Python, not damage
+                    assert python_answer(pool, key_bytes) == -1
                 if eid >= 0:  # a hit in C is a hit the Python lookup finds too
                     assert python_answer(pool, key_bytes) == eid
-                    value = fast.copy_value(raw, eid, 1 << 16)
-                    if value is not None:
-                        _, payload, _ = engine.table.value_views(eid)
-                        assert value == payload.join()
+                    check_copies(engine, eid)
             try:
                 got = pool.get(key)
             except CorruptPoolError:
@@ -236,8 +356,6 @@ def test_a_pure_python_process_and_a_compiled_one_share_a_pool() -> None:
 
 @compiled
 def test_a_foreign_geometry_is_refused() -> None:
-    from kvcache import fastpath
-
     with damaged_pool("lru") as pool:
         g = pool._engine.views.geometry
         finder = native.Finder
@@ -252,4 +370,5 @@ def test_a_foreign_geometry_is_refused() -> None:
         short = np.zeros(g.total_bytes - 1, np.uint8)
         table = pool._engine.table
         assert table.fast.find_hit(memoryview(short), b"small", 0.0, True) == -1
-        assert table.fast.copy_value(memoryview(short), 0, 1 << 16) is None
+        assert table.fast.copy_value(memoryview(short), 0, 1 << 16, True) is None
+        assert table.fast.copy_into(memoryview(short), 0, bytearray(8), 1 << 16, True) is None

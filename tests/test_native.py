@@ -69,6 +69,8 @@ def test_one_pass_sums_and_copies_as_the_two_passes_do(
     assert digest == xxhash.xxh3_64(head + data).intdigest()
     assert bytes(window[: len(data)]) == data
     assert window[len(data) :] == b"\xee" * slack  # nothing written past the copy
+    assert native.sum_and_join is not None
+    assert native.sum_and_join([head], sources) == (digest, data)
 
 
 @compiled
@@ -120,8 +122,9 @@ for _ in range(3000):
     window = np.empty(len(data) + rng.randrange(3), np.uint8)  # malloc'd whole: ASAN's redzones
     edges = sorted(rng.randrange(len(window) + 1) for _ in range(rng.randrange(4)))
     targets = [memoryview(window)[a:b] for a, b in zip([0, *edges], [*edges, len(window)])]
-    module.sum_and_copy([data[:9]], sources, targets)
+    digest = module.sum_and_copy([data[:9]], sources, targets)
     assert window[: len(data)].tobytes() == data
+    assert module.sum_and_join([data[:9]], sources) == (digest, data)
     try:
         module.sum_and_copy([], [data + b"x"], [memoryview(window)[: len(data)]])
     except ValueError:
@@ -201,7 +204,10 @@ try:
             eid = finder.find_hit(view, encode_key(key)[0], 0.0, rng.random() < 0.5)
             found += eid >= 0
             for probe in (eid, rng.randrange(-2, g.max_entries + 2)):
-                finder.copy_value(view, probe, 1 << 16)
+                verify = rng.random() < 0.5
+                finder.copy_value(view, probe, 1 << 16, verify)
+                target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)  # malloc'd whole
+                finder.copy_into(view, probe, target, 1 << 16, verify)
     assert found > 1000, found
 finally:
     pool.close()

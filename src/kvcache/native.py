@@ -16,52 +16,44 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 SumAndCopy = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], int]
+SumAndJoin = Callable[[Sequence[Any], Sequence[Any]], tuple[int, bytes]]
 
 
 def _forced_pure() -> bool:
     return os.environ.get("KVCACHE_PURE_PYTHON", "") not in ("", "0")
 
 
-def _load() -> SumAndCopy | None:
+def _module(module: str) -> Any:
+    """``kvcache.<module>``, or None (not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
     if _forced_pure():
         return None
     try:
-        from ._copysum import sum_and_copy
-    except ImportError:
-        return None
-    return sum_and_copy  # type: ignore[no-any-return]
-
-
-def _load_finder() -> Any:
-    if _forced_pure():
-        return None
-    try:
-        from ._lookup import Finder
-    except ImportError:
-        return None
-    return Finder
-
-
-def _load_poollock() -> Any:
-    if _forced_pure():
-        return None
-    try:
-        return importlib.import_module("._poollock", __package__)
+        return importlib.import_module(f".{module}", __package__)
     except ImportError:
         return None
 
 
-sum_and_copy: SumAndCopy | None = _load()
+def _compiled(module: str, name: str) -> Any:
+    """``kvcache.<module>.<name>``, or None (not built, built before ``name`` was added,
+    or ``KVCACHE_PURE_PYTHON`` is set)."""
+    return getattr(_module(module), name, None)
+
+
+sum_and_copy: SumAndCopy | None = _compiled("_copysum", "sum_and_copy")
 """``sum_and_copy(summed, sources, targets)``: the XXH3-64 of the buffers ``summed``
 then ``sources``, copying ``sources`` back to back into ``targets`` in the same pass
 (None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
 
-Finder: Any = _load_finder()
+sum_and_join: SumAndJoin | None = _compiled("_copysum", "sum_and_join")
+"""``sum_and_join(summed, sources)``: ``sum_and_copy`` into a new ``bytes``, answered with
+the sum as ``(sum, bytes)`` (None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
+
+Finder: Any = _compiled("_lookup", "Finder")
 """``kvcache._lookup.Finder``, a get's hit in C (built for one segment by
 ``kvcache.fastpath``); None: not built, or ``KVCACHE_PURE_PYTHON`` is set."""
 
 
-poollock: Any = _load_poollock()
+poollock: Any = _module("_poollock")
 """``kvcache._poollock``, the pool lock's futex word (``kvcache.lock``); None: not built,
 or ``KVCACHE_PURE_PYTHON`` is set (the lock then takes flock only)."""
 

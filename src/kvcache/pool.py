@@ -90,7 +90,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         config: PoolConfig,
         geometry: Geometry,
         *,
-        verify_reads: bool = False,
+        verify_reads: bool | None = None,
         observe: bool = False,
         clock: Callable[[], float] = time.time,
         rng: np.random.Generator | None = None,
@@ -341,7 +341,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         self._gets_left -= 1
         if not self._gets_left:
             return self._timed(GET, self.get_into, key, buffer)
-        length = self._read(key, copy)
+        length = self._read(key, copy, into=target)
         if length is None and self._chained:
             length = self._chain.read_missed(key, copy)
         return length
@@ -713,7 +713,8 @@ class Pool(abc.MutableMapping[Key, Value]):
 
     def confirm(self, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
         """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s:
-        False if it changed meanwhile or (``verify_reads``) its bytes fail their checksum."""
+        False if it changed meanwhile or its bytes fail their checksum (where this handle
+        verifies such a value on read)."""
         return whole.confirm(self._engine, ref, entry, views)
 
     def write_entry(

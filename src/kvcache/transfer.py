@@ -87,8 +87,15 @@ class Payload:
         return sum(len(view) for view in self.views)
 
     def join(self) -> bytes:
-        """The bytes as one ``bytes``."""
+        """The bytes as one ``bytes`` (summed as they are copied, for a verifying reader)."""
         if self.fd < 0:
+            if (
+                self.summed_first is not None
+                and native.sum_and_join is not None
+                and self.nbytes <= ONE_PASS_MAX_BYTES
+            ):
+                self.digest, joined = native.sum_and_join(self.summed_first, self.views)
+                return joined
             return b"".join(self.views)
         parts = [pread_exactly(self.fd, n, offset) for offset, n in self.file_spans]
         joined = parts[0] if len(parts) == 1 else b"".join(parts)

@@ -88,6 +88,23 @@ static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buff
     }
 }
 
+/* XXH3-64 of ``summed`` then ``sources``, copying ``sources`` into ``targets`` meanwhile. */
+static XXH64_hash_t sum_copying(const Buffers *summed, Py_ssize_t summed_bytes,
+                                const Buffers *sources, Py_ssize_t source_bytes,
+                                const Buffers *targets) {
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    int release_gil = summed_bytes + source_bytes >= RELEASE_GIL_BYTES;
+    PyThreadState *saved = release_gil ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < summed->count; i++)
+        XXH3_64bits_update(&state, summed->views[i].buf, (size_t)summed->views[i].len);
+    copy_summing(&state, sources, targets);
+    XXH64_hash_t digest = XXH3_64bits_digest(&state);
+    if (release_gil) PyEval_RestoreThread(saved);
+    return digest;
+}
+
 PyDoc_STRVAR(sum_and_copy_doc,
 "sum_and_copy(summed, sources, targets) -> int\n\n"
 "XXH3-64 of the buffers ``summed`` then ``sources``, back to back, as an unsigned\n"
@@ -112,17 +129,7 @@ static PyObject *sum_and_copy(PyObject *module, PyObject *const *args, Py_ssize_
                      target_bytes, source_bytes);
         goto done;
     }
-    XXH3_state_t state;
-    XXH3_INITSTATE(&state);
-    XXH3_64bits_reset(&state);
-    XXH64_hash_t digest;
-    int release_gil = summed_bytes + source_bytes >= RELEASE_GIL_BYTES;
-    PyThreadState *saved = release_gil ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t i = 0; i < summed.count; i++)
-        XXH3_64bits_update(&state, summed.views[i].buf, (size_t)summed.views[i].len);
-    copy_summing(&state, &sources, &targets);
-    digest = XXH3_64bits_digest(&state);
-    if (release_gil) PyEval_RestoreThread(saved);
+    XXH64_hash_t digest = sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets);
     result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
 done:
     release(&summed);
@@ -131,8 +138,39 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(sum_and_join_doc,
+"sum_and_join(summed, sources) -> (int, bytes)\n\n"
+"As ``sum_and_copy``, into a new ``bytes`` holding ``sources`` back to back: a read\n"
+"of a plain value summed in the pass that copies it out.");
+
+static PyObject *sum_and_join(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sum_and_join takes summed and sources");
+        return NULL;
+    }
+    Buffers summed = {0}, sources = {0};
+    Py_ssize_t summed_bytes, source_bytes;
+    PyObject *joined = NULL, *result = NULL;
+    if (acquire(args[0], 0, &summed, &summed_bytes) < 0) return NULL;
+    if (acquire(args[1], 0, &sources, &source_bytes) < 0) goto done;
+    joined = PyBytes_FromStringAndSize(NULL, source_bytes);
+    if (joined == NULL) goto done;
+    Py_buffer target = {.buf = PyBytes_AS_STRING(joined), .len = source_bytes};
+    Buffers targets = {.views = &target, .count = 1};
+    XXH64_hash_t digest = sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets);
+    result = Py_BuildValue("(KN)", (unsigned long long)digest, joined);
+    joined = NULL; /* Py_BuildValue's "N" took it, or released it on failure */
+done:
+    Py_XDECREF(joined);
+    release(&summed);
+    release(&sources);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"sum_and_copy", (PyCFunction)(void (*)(void))sum_and_copy, METH_FASTCALL, sum_and_copy_doc},
+    {"sum_and_join", (PyCFunction)(void (*)(void))sum_and_join, METH_FASTCALL, sum_and_join_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -62,6 +62,12 @@ INLINE_COPY_MAX_BYTES = 64 << 10
 less than the second lock round trip the seqlock path needs."""
 READ_ATTEMPTS = 4
 """A large read overtaken by concurrent eviction this many times is a miss."""
+VERIFIED_READ_MAX_BYTES = 16 << 10
+"""By default a read sums values up to 16 KiB against their checksum: there it costs under
+10% of a get or get_into (compiled, summed in the copy's pass: +1-2% at 4 KiB, +5-8% at
+16 KiB), and from 32 KiB up it costs more (+6-14% at 32-64 KiB, +16-44% at 1 MiB, +55-63%
+at 16 MiB: xxh3 runs at only about twice the speed of the copy), measured with
+benchmarks/bench_copysum.py (docs/performance.md)."""
 
 Copied = TypeVar("Copied")
 Fill = Callable[[list[memoryview]], "int | None"]
@@ -75,7 +81,8 @@ class Store:
         seg: the mapped segment.
         config: the pool's configuration, as its header records it.
         geometry: where each region lies in the segment.
-        verify_reads: sum every value read against its checksum (always, on disk).
+        verify_reads: sum every value read against its checksum (True; always, on disk),
+            none (False), or values up to ``VERIFIED_READ_MAX_BYTES`` (None).
         observe: read only, holding no process slot.
         clock: wall-clock seconds (expiry); tests inject their own.
         rng: the eviction sampler's random source.
@@ -91,7 +98,7 @@ class Store:
         config: PoolConfig,
         geometry: Geometry,
         *,
-        verify_reads: bool,
+        verify_reads: bool | None,
         observe: bool,
         clock: Callable[[], float],
         rng: np.random.Generator,
@@ -101,7 +108,8 @@ class Store:
         self.segment = seg
         self.on_disk = seg.on_disk
         self.observing = observe
-        self.verify_reads = verify_reads or seg.on_disk  # see kvcache.durable
+        self.verify_reads = verify_reads is True or seg.on_disk  # see kvcache.durable
+        """Whether every value read is summed against its checksum."""
         self.clock = clock
         views = self.views = Views(seg.buffer, geometry)
         data_offset = geometry.data_offset
@@ -133,6 +141,14 @@ class Store:
         self._page_size = geometry.page_size_bytes
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
+        self.verify_max_bytes = (
+            self.max_bytes
+            if self.verify_reads
+            else 0
+            if verify_reads is False
+            else VERIFIED_READ_MAX_BYTES
+        )
+        """The largest value a read sums against its checksum."""
         try:
             if observe:
                 with self.lock:  # a file retired meanwhile raises here: open looks again
@@ -169,16 +185,20 @@ class Store:
         copy: Callable[[bytes, transfer.Payload], Copied],
         *,
         count: bool = True,
+        into: memoryview | None = None,
     ) -> Copied | None:
         """Look ``key`` up and ``copy`` its (codec header, payload views) out; None on a miss.
 
-        ``count``: count the lookup in stats (a hit or a miss).
+        ``count``: count the lookup in stats (a hit or a miss). ``into``: the
+        buffer ``copy`` fills (a ``get_into``), for the compiled copy of small
+        values; ``copy`` must then return the payload's length.
 
         Small values are copied under the lock. Larger ones are copied without
         it and kept only if the entry's generation did not change meanwhile
-        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. With
-        ``verify_reads`` the entry's bytes are summed too (outside the lock for
-        large values): a mismatch drops the entry and is a miss. A disk pool
+        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. A value of
+        up to ``verify_max_bytes`` has the entry's bytes summed too, in the
+        copy's pass where it can (outside the lock for large values): a
+        mismatch drops the entry, counts it damaged and is a miss. A disk pool
         reads large values from its file (``transfer.Payload``), small ones
         through the mapping, asking for their pages in one go.
         """
@@ -187,24 +207,38 @@ class Store:
             on_disk = self.on_disk
             if on_disk:
                 self.segment.shed()
-            fast = None if self.verify_reads else self.table.fast  # verified reads: in Python
+            fast, verify_max_bytes = self.table.fast, self.verify_max_bytes
             for _ in range(READ_ATTEMPTS):
                 with self.lock:
                     eid = self._lookup(key_bytes, count=count, read_ahead=on_disk)
                     if eid < 0:
                         return None
                     value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
-                    inline = value_len <= INLINE_COPY_MAX_BYTES
-                    if fast is not None and inline and copy is transfer.materialise:
-                        value = fast.copy_value(self.views.raw, eid, INLINE_COPY_MAX_BYTES)
-                        if value is not None:  # plain bytes, copied in C (kvcache.fastpath)
+                    inline, verify = (
+                        value_len <= INLINE_COPY_MAX_BYTES,
+                        value_len <= verify_max_bytes,
+                    )
+                    value = None
+                    if fast is not None and inline:  # copied (and summed) in C
+                        if into is not None:
+                            value = fast.copy_into(
+                                self.views.raw, eid, into, INLINE_COPY_MAX_BYTES, verify
+                            )
+                        elif copy is transfer.materialise:  # plain bytes only
+                            value = fast.copy_value(
+                                self.views.raw, eid, INLINE_COPY_MAX_BYTES, verify
+                            )
+                        if value is not None:
                             self.bytes_out += value_len if count else 0
+                            if value is False:  # its bytes fail their checksum
+                                self._drop_damaged(eid)
+                                return None
                             return value  # type: ignore[no-any-return]
                     # Counted once the views have checked the length against the pages: a
                     # damaged length must not reach the metrics region.
                     header, payload, generation = self._value_views(eid, from_file=not inline)
                     self.bytes_out += value_len if count else 0
-                    checked = self._summed(eid, payload=False) if self.verify_reads else None
+                    checked = self._summed(eid, payload=False) if verify else None
                     if on_disk:
                         # Even a value read from the file maps the pages of its key (in
                         # folios of up to a value's size, measured): counted the same.
@@ -362,7 +396,7 @@ class Store:
     def contains(self, key_bytes: bytes) -> bool:
         """Whether ``key_bytes`` has a live, unexpired entry (no effect on stats or recency)."""
         with self.lock:
-            eid = self.table.find(key_bytes)
+            eid = self.table.find_present(key_bytes)
             return (
                 eid >= 0 and self.views.entries_d[eid * ENTRY_WORDS + E.expires_at] > self.clock()
             )

@@ -127,6 +127,17 @@ class Table:
             return -1  # a 128-bit hash collision: treat as absent
         return eid
 
+    def find_present(self, key_bytes: bytes) -> int:
+        """``find`` for a question that touches nothing (``contains``), answered in C where
+        the key is a plain unexpired hit or certainly absent (``kvcache.fastpath``)."""
+        if self.fast is not None:
+            eid = self.fast.find_hit(self.views.raw, key_bytes, self.clock(), False)
+            if eid >= 0:
+                return eid
+            if eid == fastpath.ABSENT:
+                return -1
+        return self.find(key_bytes)
+
     def is_ready(self, eid: int, generation: int) -> bool:
         """Whether ``eid`` is still the READY entry it was when ``generation`` was read."""
         base = eid * ENTRY_WORDS
@@ -159,10 +170,15 @@ class Table:
 
     def lookup(self, key_bytes: bytes, *, count: bool, read_ahead: bool = False) -> int:
         """``find``, dropping an expired entry, counting a hit or miss and touching on a hit."""
-        if self.fast is not None:  # a plain hit in C; -1: anything else, decided below
+        if self.fast is not None:  # a plain hit or a clean miss in C; -1: decided below
             eid = self.fast.find_hit(self.views.raw, key_bytes, self.clock(), count)
             if eid >= 0:
                 return eid
+            if eid == fastpath.ABSENT:  # Python's probe would find the same empty slot
+                if count:
+                    self.hq[H.misses] += 1
+                    self.regret.request(*key_hash(key_bytes), self.clock)
+                return -1
         hashed = key_hash(key_bytes)  # once: a miss also asks the regret sample
         eid = self.find(key_bytes, read_ahead=read_ahead, hashed=hashed)
         h = self.hq
