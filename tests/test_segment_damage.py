@@ -242,6 +242,19 @@ def test_bug_a_ghost_count_past_the_ring_hung_eviction(tmp_path, policy) -> None
         assert_repaired(pool, tmp_path)
 
 
+def test_bug_a_key_length_past_the_limit_was_listed(tmp_path) -> None:
+    """The fuzz found it (seeds 150, 151): a key length above the longest key a put takes,
+    still inside the entry's pages, was listed as a key by keys() and items(), whose get of
+    it then raised InvalidArgument, where damage is CorruptPoolError."""
+    with damaged_pool() as pool:
+        eid = pool._engine.table.index.find(*key_hash("ключ".encode()))
+        pool._engine.views.entries_q[eid * ENTRY_WORDS + E.key_len] = 1100  # text past 1024
+        assert pool.check()
+        with pytest.raises(CorruptPoolError, match="--repair"):
+            pool.keys()
+        assert_repaired(pool, tmp_path)
+
+
 def full_of_ghosts(pool: kvcache.Pool) -> None:
     """Puts past the pool's size: evictions leave ghosts (queue policies)."""
     for i in range(200):

@@ -149,7 +149,7 @@ class Table:
         if not 0 <= self.eq[base + E.first_page] < self.num_pages:
             raise damaged(self.name, f"entry {eid}'s first page is outside the pool")
         key = bytes(self.key_view(eid))
-        if not 0 < len(key) == self.eq[base + E.key_len]:
+        if not 0 < len(key) == self.eq[base + E.key_len] <= MAX_KEY_BYTES:
             raise damaged(self.name, f"entry {eid}'s key length is out of range")
         return key.decode("utf-8") if self.eq[base + E.flags] & KEY_IS_STR else key
 
