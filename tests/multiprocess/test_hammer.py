@@ -8,6 +8,7 @@ copy-under-the-lock path and the out-of-lock copy + seqlock path are raced.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from workers import INLINE_COPY_MAX_BYTES, Children, audit, hammer
@@ -47,6 +48,19 @@ def _assert_consistent(pool: kvcache.Pool, results: list[dict]) -> None:
     assert stats.used_bytes == live_bytes
 
 
+def _start_hammer(children: Children, pool: Any, seed: int, key_space: int, max_size: int) -> Any:
+    """One worker of read-heavy, self-verifying operations on ``pool`` for SECONDS."""
+    return children.start(
+        "hammer",
+        pool=pool.name,
+        seed=seed,
+        seconds=SECONDS,
+        key_space=key_space,
+        max_size=max_size,
+        mix=READ_HEAVY,
+    )
+
+
 @pytest.mark.parametrize("shape", POOLS)
 def test_processes_hammer_one_small_pool(make_pool, shape: str) -> None:
     params = dict(POOLS[shape])
@@ -55,16 +69,7 @@ def test_processes_hammer_one_small_pool(make_pool, shape: str) -> None:
     pool = make_pool(**params)
     with Children() as children:
         procs = [
-            children.start(
-                "hammer",
-                pool=pool.name,
-                seed=seed,
-                seconds=SECONDS,
-                key_space=key_space,
-                max_size=max_size,
-                mix=READ_HEAVY,
-            )
-            for seed in range(WORKERS)
+            _start_hammer(children, pool, seed, key_space, max_size) for seed in range(WORKERS)
         ]
         results = [children.result(proc, timeout=SECONDS + 30) for proc in procs]
     _assert_consistent(pool, results)
@@ -83,17 +88,7 @@ def test_compiled_and_pure_python_processes_hammer_one_pool(make_pool, monkeypat
                 monkeypatch.setenv("KVCACHE_PURE_PYTHON", "1")
             else:
                 monkeypatch.delenv("KVCACHE_PURE_PYTHON", raising=False)
-            procs.append(
-                children.start(
-                    "hammer",
-                    pool=pool.name,
-                    seed=seed,
-                    seconds=SECONDS,
-                    key_space=key_space,
-                    max_size=max_size,
-                    mix=READ_HEAVY,
-                )
-            )
+            procs.append(_start_hammer(children, pool, seed, key_space, max_size))
         results = [children.result(proc, timeout=SECONDS + 30) for proc in procs]
     _assert_consistent(pool, results)
 
