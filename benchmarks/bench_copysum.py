@@ -92,8 +92,9 @@ def _table(title: str, sizes: list[int], working_set: int, repeats: int, in_plac
         raw = rates["raw copy (numpy.copyto)"]
         for name, measured in rates.items():
             ratio = statistics.median(m / r for m, r in zip(measured, raw, strict=True))
-            rows.append((f"{size >> 10} KiB  {name}", f"{statistics.median(measured):.1f}",
-                         f"{ratio:.2f}"))
+            rows.append(
+                (f"{size >> 10} KiB  {name}", f"{statistics.median(measured):.1f}", f"{ratio:.2f}")
+            )
         rows.append(("", "", ""))
     print_table(title, ("value, way", "GB/s", "of raw"), rows[:-1])
 
@@ -140,7 +141,9 @@ def _small_table(count: int, repeats: int) -> None:
                 out = subprocess.run(
                     [sys.executable, __file__, "--small-worker", name, str(count)],
                     env={**os.environ, "KVCACHE_PURE_PYTHON": pure},
-                    capture_output=True, text=True, check=True,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 ).stdout
                 for line in out.splitlines():
                     op, rate = line.split("\t")
@@ -152,11 +155,20 @@ def _small_table(count: int, repeats: int) -> None:
     for op in SMALL_OPS:
         fast, pure = rates["compiled"][op], rates["pure-python"][op]
         ratio = statistics.median(f / p for f, p in zip(fast, pure, strict=True))
-        rows.append((f"4 KiB {op}", f"{statistics.median(fast) / 1e3:.0f}k",
-                     f"{statistics.median(pure) / 1e3:.0f}k", f"{ratio:.2f}x"))
-    print_table(f"4 KiB operations, compiled engine against KVCACHE_PURE_PYTHON=1 "
-                f"({count} ops x {repeats} repeats)",
-                ("operation", "compiled ops/s", "pure ops/s", "compiled / pure"), rows)
+        rows.append(
+            (
+                f"4 KiB {op}",
+                f"{statistics.median(fast) / 1e3:.0f}k",
+                f"{statistics.median(pure) / 1e3:.0f}k",
+                f"{ratio:.2f}x",
+            )
+        )
+    print_table(
+        f"4 KiB operations, compiled engine against KVCACHE_PURE_PYTHON=1 "
+        f"({count} ops x {repeats} repeats)",
+        ("operation", "compiled ops/s", "pure ops/s", "compiled / pure"),
+        rows,
+    )
 
 
 VERIFY_SIZES = (4 << 10, 16 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -194,7 +206,8 @@ def _verify_rates(
                         if read(keys[i % count]) is None:
                             sys.exit(f"{op} of a {size}-byte value missed: nothing to time")
                     times.setdefault(f"{op} {verified}", []).append(
-                        (time.perf_counter() - began) / ops)
+                        (time.perf_counter() - began) / ops
+                    )
     finally:
         checked.close()
         pool.close()
@@ -214,11 +227,20 @@ def _verify_table(set_bytes: int, moved_bytes: int, repeats: int) -> None:
             off, on = times[f"{op} off"], times[f"{op} on"]
             cost = statistics.median(b / a - 1 for a, b in zip(off, on, strict=True))
             label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-            rows.append((f"{label} {op}", f"{statistics.median(off) * 1e6:.2f}",
-                         f"{statistics.median(on) * 1e6:.2f}", f"{cost * 100:+.1f}%"))
-    print_table(f"Verified reads, compiled engine: verify_reads off and on, taking turns "
-                f"({set_bytes >> 20} MiB of values per size, {repeats} repeats)",
-                ("value, read", "off (us)", "on (us)", "cost"), rows)
+            rows.append(
+                (
+                    f"{label} {op}",
+                    f"{statistics.median(off) * 1e6:.2f}",
+                    f"{statistics.median(on) * 1e6:.2f}",
+                    f"{cost * 100:+.1f}%",
+                )
+            )
+    print_table(
+        f"Verified reads, compiled engine: verify_reads off and on, taking turns "
+        f"({set_bytes >> 20} MiB of values per size, {repeats} repeats)",
+        ("value, read", "off (us)", "on (us)", "cost"),
+        rows,
+    )
 
 
 def main() -> None:
@@ -232,8 +254,13 @@ def main() -> None:
     _verify_table(*((32 << 20, 64 << 20, 3) if args.quick else (128 << 20, 512 << 20, 7)))
     working_set, repeats = (128 << 20, 3) if args.quick else (512 << 20, 7)
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
-    _table(f"Values through a {working_set >> 20} MiB working set (from memory)",
-           sizes, working_set, repeats, in_place=False)
+    _table(
+        f"Values through a {working_set >> 20} MiB working set (from memory)",
+        sizes,
+        working_set,
+        repeats,
+        in_place=False,
+    )
     _table("One value again and again (cached)", sizes, 64 << 20, repeats, in_place=True)
 
 

@@ -88,7 +88,9 @@ def _read_in_a_process(name: str, mode: str, size: int, pure: str) -> list[str]:
     return subprocess.run(
         [sys.executable, "-c", READER, name, mode, str(size)],
         env={**os.environ, "KVCACHE_PURE_PYTHON": pure},
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
 
 
@@ -111,9 +113,7 @@ def test_a_byte_flipped_in_dev_shm_is_served_unverified_and_a_damaged_miss_verif
     with open(pool._segment.path, "r+b") as segment_file:
         (byte,) = os.pread(segment_file.fileno(), 1, at)
         os.pwrite(segment_file.fileno(), bytes([byte ^ 0x01]), at)
-    assert _read_in_a_process(pool.name, "off", size, pure) == [
-        engine, "damaged", "damaged", "0"
-    ]
+    assert _read_in_a_process(pool.name, "off", size, pure) == [engine, "damaged", "damaged", "0"]
     by_default = ["damaged", "damaged", "0"] if size > 16 << 10 else ["miss", "miss", "1"]
     assert _read_in_a_process(pool.name, "default", size, pure) == [engine, *by_default]
     assert _read_in_a_process(pool.name, "on", size, pure) == [engine, "miss", "miss", "1"]

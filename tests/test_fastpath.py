@@ -124,17 +124,16 @@ def flip_a_payload_byte(pool: kvcache.Pool, key: str | bytes, at: int) -> bool:
 
 @compiled
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    ops=OPS, policy=st.sampled_from(PLAIN_POLICIES), verify=st.sampled_from([None, False, True])
-)
+@given(ops=OPS, policy=st.sampled_from(PLAIN_POLICIES), verify=st.sampled_from([None, False, True]))
 def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy, verify):
     """Damaged payload bytes included: verified (all values, or by default those up to 16
     KiB), both drop the entry and count it damaged; unverified, both serve the damaged
     bytes."""
     clock = Ticks()
-    with new_pool(policy, clock, pure=False, verify_reads=verify) as fast, new_pool(
-        policy, clock, pure=True, verify_reads=verify
-    ) as ref:
+    with (
+        new_pool(policy, clock, pure=False, verify_reads=verify) as fast,
+        new_pool(policy, clock, pure=True, verify_reads=verify) as ref,
+    ):
         for op, key, size, ttl in ops:
             if op == "tick":
                 clock.now += 2.0  # past a ttl after three ticks: expired entries are Python's
@@ -194,9 +193,10 @@ def test_both_engines_answer_a_damaged_payload_byte_alike(verify: bool | None, r
     clock = Ticks()
     sizes = [1, 100, 1023, 3000, 16 << 10, (16 << 10) + 1, 70_000]
     verified = [verify is True or (verify is None and size <= 16 << 10) for size in sizes]
-    with new_pool("lru", clock, pure=False, verify_reads=verify) as fast, new_pool(
-        "lru", clock, pure=True, verify_reads=verify
-    ) as ref:
+    with (
+        new_pool("lru", clock, pure=False, verify_reads=verify) as fast,
+        new_pool("lru", clock, pure=True, verify_reads=verify) as ref,
+    ):
         answers: dict[str, list[object]] = {"fast": [], "ref": []}
         for label, pool in (("fast", fast), ("ref", ref)):
             for size in sizes:
@@ -222,9 +222,10 @@ def test_bug_a_half_life_past_2_53_refused_the_pool(half_life: int) -> None:
     cannot divide by exactly), and so opening such a pool (a restored snapshot's
     header) raised ValueError. Now the pool opens and such a hit is touched in Python."""
     clock = Ticks()
-    with new_pool("lfu", clock, pure=False, lfu_half_life=half_life) as fast, new_pool(
-        "lfu", clock, pure=True, lfu_half_life=half_life
-    ) as ref:
+    with (
+        new_pool("lfu", clock, pure=False, lfu_half_life=half_life) as fast,
+        new_pool("lfu", clock, pure=True, lfu_half_life=half_life) as ref,
+    ):
         assert fast._engine.table.fast is not None
         for pool in (fast, ref):
             for key in KEYS:
@@ -235,8 +236,20 @@ def test_bug_a_half_life_past_2_53_refused_the_pool(half_life: int) -> None:
 
 
 C_FIELDS = [
-    "generation", "state", "hash_lo", "hash_hi", "key_len", "header_len", "value_len",
-    "first_page", "num_pages", "last_access", "freq", "expires_at", "flags", "checksum",
+    "generation",
+    "state",
+    "hash_lo",
+    "hash_hi",
+    "key_len",
+    "header_len",
+    "value_len",
+    "first_page",
+    "num_pages",
+    "last_access",
+    "freq",
+    "expires_at",
+    "flags",
+    "checksum",
 ]
 """The entry words the C code reads."""
 
@@ -360,13 +373,33 @@ def test_a_foreign_geometry_is_refused() -> None:
         g = pool._engine.views.geometry
         finder = native.Finder
         with pytest.raises(ValueError):
-            finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots + 1,
-                   g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
-                   g.total_bytes, 100, fastpath.FIELDS)
+            finder(
+                g.entries_offset,
+                g.max_entries,
+                g.index_offset,
+                g.index_slots + 1,
+                g.page_next_offset,
+                g.data_offset,
+                g.num_pages,
+                g.page_size_bytes,
+                g.total_bytes,
+                100,
+                fastpath.FIELDS,
+            )
         with pytest.raises(ValueError):
-            finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
-                   g.page_next_offset, g.data_offset, g.num_pages * 2, g.page_size_bytes,
-                   g.total_bytes, 100, fastpath.FIELDS)
+            finder(
+                g.entries_offset,
+                g.max_entries,
+                g.index_offset,
+                g.index_slots,
+                g.page_next_offset,
+                g.data_offset,
+                g.num_pages * 2,
+                g.page_size_bytes,
+                g.total_bytes,
+                100,
+                fastpath.FIELDS,
+            )
         short = np.zeros(g.total_bytes - 1, np.uint8)
         table = pool._engine.table
         assert table.fast.find_hit(memoryview(short), b"small", 0.0, True) == -1

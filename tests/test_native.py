@@ -38,7 +38,9 @@ def test_pure_python_is_chosen_by_the_environment() -> None:
         out = subprocess.run(
             [sys.executable, "-c", code],
             env={**os.environ, "KVCACHE_PURE_PYTHON": value},
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         assert out == engine
 
@@ -143,9 +145,19 @@ def run_sanitized(tmp_path: Path, source_name: str, driver_code: str, **env: str
     source = Path(native.__file__).parent / "_native" / f"{source_name}.c"
     library = tmp_path / f"_{source_name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run(
-        ["gcc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-         "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
-         "-o", str(library)],
+        [
+            "gcc",
+            "-O1",
+            "-g",
+            "-fsanitize=address,undefined",
+            "-fno-omit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(source),
+            "-o",
+            str(library),
+        ],
         check=True,
     )
     runtime = subprocess.run(
@@ -155,10 +167,16 @@ def run_sanitized(tmp_path: Path, source_name: str, driver_code: str, **env: str
     driver.write_text(driver_code)
     run = subprocess.run(
         [sys.executable, str(driver), str(library)],
-        env={**os.environ, "LD_PRELOAD": runtime, "ASAN_OPTIONS": "detect_leaks=0",
-             "PYTHONMALLOC": "malloc",
-             "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1", **env},
-        capture_output=True, text=True,
+        env={
+            **os.environ,
+            "LD_PRELOAD": runtime,
+            "ASAN_OPTIONS": "detect_leaks=0",
+            "PYTHONMALLOC": "malloc",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+            **env,
+        },
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr[-3000:]
 
@@ -167,6 +185,7 @@ def run_sanitized(tmp_path: Path, source_name: str, driver_code: str, **env: str
 def test_the_extension_is_clean_under_address_sanitizer(tmp_path: Path) -> None:
     """Built with -fsanitize=address and driven over every edge of its stretch loop."""
     run_sanitized(tmp_path, "copysum", ASAN_DRIVER)
+
 
 LOOKUP_ASAN_DRIVER = """
 import importlib.util, random, sys, uuid
@@ -221,6 +240,7 @@ def test_the_lookup_is_clean_under_address_sanitizer_on_damaged_segments(tmp_pat
     """kvcache._lookup built with -fsanitize=address,undefined, probing segments whose
     index, entry table and page links are overwritten at random: no read outside them."""
     run_sanitized(tmp_path, "lookup", LOOKUP_ASAN_DRIVER, KVCACHE_PURE_PYTHON="1")
+
 
 POOLLOCK_ASAN_DRIVER = """
 import importlib.util, random, sys
