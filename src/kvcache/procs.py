@@ -153,11 +153,8 @@ class ProcessTable:
 
     def is_live_owner(self, slot: int, serial_low: int) -> bool:
         """``is_live`` for a pool lock word's owner, which keeps the low 32 bits of the serial."""
-        return (
-            0 <= slot < len(self._table)
-            and int(self._table["serial"][slot]) & 0xFFFFFFFF == serial_low
-            and leases.is_held(self._probe_fd, self._lease_byte(slot))
-        )
+        serial = int(self._table["serial"][slot]) if 0 <= slot < len(self._table) else -1
+        return serial & 0xFFFFFFFF == serial_low and self.is_live(slot, serial)
 
     def others_live(self, slot: int) -> bool:
         """Whether a live holder other than the one of ``slot`` has a slot (this process's

@@ -214,10 +214,8 @@ class Store:
                     if eid < 0:
                         return None
                     value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
-                    inline, verify = (
-                        value_len <= INLINE_COPY_MAX_BYTES,
-                        value_len <= verify_max_bytes,
-                    )
+                    inline = value_len <= INLINE_COPY_MAX_BYTES
+                    verify = value_len <= verify_max_bytes
                     value = None
                     if fast is not None and inline:  # copied (and summed) in C
                         if into is not None:

@@ -176,8 +176,7 @@ class Table:
                 return eid
             if eid == fastpath.ABSENT:  # Python's probe would find the same empty slot
                 if count:
-                    self.hq[H.misses] += 1
-                    self.regret.request(*key_hash(key_bytes), self.clock)
+                    self._count_miss(key_hash(key_bytes))
                 return -1
         hashed = key_hash(key_bytes)  # once: a miss also asks the regret sample
         eid = self.find(key_bytes, read_ahead=read_ahead, hashed=hashed)
@@ -192,8 +191,7 @@ class Table:
         if not count:
             return eid
         if eid < 0:
-            h[H.misses] += 1
-            self.regret.request(*hashed, self.clock)
+            self._count_miss(hashed)
             return -1
         h[H.hits] += 1
         clock = h[H.clock] + 1
@@ -206,6 +204,11 @@ class Table:
             cast(QueuePolicy, self.policy).hit(self.queues, eid)
         d[base + E.accessed_at] = self.clock()
         return eid
+
+    def _count_miss(self, hashed: tuple[int, int]) -> None:
+        """Count a miss of the key hashed ``hashed``, and ask the regret sample about it."""
+        self.hq[H.misses] += 1
+        self.regret.request(*hashed, self.clock)
 
     def live_records(self) -> tuple[np.ndarray, np.ndarray]:
         """Ids and record copies of the live, unexpired entries."""
