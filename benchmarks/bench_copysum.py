@@ -18,8 +18,9 @@ value, as values reach a pool in use; a second table repeats one value in place
 three ways take turns within each repeat and the table shows the median rate and
 its ratio to the raw ``numpy.copyto`` of the same repeats.
 
-The first table times 4 KiB operations on one pool (``lru``, 1,000 keys, never
-full) from two child processes, one compiled and one with
+The first table times 4 KiB operations on one pool per policy (``lru``, whose hits
+are read without the lock, and ``prefix``, whose hits move its lists under it; 1,000
+keys, never full) from two child processes, one compiled and one with
 ``KVCACHE_PURE_PYTHON=1``, taking turns (and going first in turn) within each
 repeat; it shows the median rate of each and the median of the per-repeat ratios.
 
@@ -102,6 +103,7 @@ def _table(title: str, sizes: list[int], working_set: int, repeats: int, in_plac
 SMALL_BYTES = 4 << 10
 SMALL_KEYS = 1000
 SMALL_OPS = ("get (hit)", "get (miss)", "put (over a key)")
+SMALL_POLICIES = ("lru", "prefix")
 
 
 def _small_rates(pool_name: str, count: int) -> None:
@@ -127,8 +129,32 @@ def _small_table(count: int, repeats: int) -> None:
     if native.Finder is None:
         print("\n(4 KiB operations: kvcache._lookup is not built; no compiled engine to time)")
         return
+    rows = []
+    for policy in SMALL_POLICIES:
+        rates = _small_policy_rates(policy, count, repeats)
+        for op in SMALL_OPS:
+            fast, pure = rates["compiled"][op], rates["pure-python"][op]
+            ratio = statistics.median(f / p for f, p in zip(fast, pure, strict=True))
+            rows.append(
+                (
+                    f"{policy}: 4 KiB {op}",
+                    f"{statistics.median(fast) / 1e3:.0f}k",
+                    f"{statistics.median(pure) / 1e3:.0f}k",
+                    f"{ratio:.2f}x",
+                )
+            )
+    print_table(
+        f"4 KiB operations, compiled engine against KVCACHE_PURE_PYTHON=1 "
+        f"({count} ops x {repeats} repeats)",
+        ("operation", "compiled ops/s", "pure ops/s", "compiled / pure"),
+        rows,
+    )
+
+
+def _small_policy_rates(policy: str, count: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Per engine and operation, the rate of each repeat on one pool of ``policy``."""
     name = f"bench-small-{uuid.uuid4().hex[:8]}"
-    pool = kvcache.create(name, "64M", policy="lru")
+    pool = kvcache.create(name, "64M", policy=policy)
     try:
         value = bytes(range(256)) * (SMALL_BYTES // 256)
         for i in range(SMALL_KEYS):
@@ -151,24 +177,7 @@ def _small_table(count: int, repeats: int) -> None:
     finally:
         pool.close()
         kvcache.destroy(name)
-    rows = []
-    for op in SMALL_OPS:
-        fast, pure = rates["compiled"][op], rates["pure-python"][op]
-        ratio = statistics.median(f / p for f, p in zip(fast, pure, strict=True))
-        rows.append(
-            (
-                f"4 KiB {op}",
-                f"{statistics.median(fast) / 1e3:.0f}k",
-                f"{statistics.median(pure) / 1e3:.0f}k",
-                f"{ratio:.2f}x",
-            )
-        )
-    print_table(
-        f"4 KiB operations, compiled engine against KVCACHE_PURE_PYTHON=1 "
-        f"({count} ops x {repeats} repeats)",
-        ("operation", "compiled ops/s", "pure ops/s", "compiled / pure"),
-        rows,
-    )
+    return rates
 
 
 VERIFY_SIZES = (4 << 10, 16 << 10, 64 << 10, 1 << 20, 16 << 20)

@@ -193,21 +193,26 @@ import numpy as np
 import kvcache
 from kvcache import fastpath, native
 from kvcache.keys import encode_key
+from kvcache.layout import H
 assert native.Finder is None  # this process runs kvcache pure; only the build under test is C
 spec = importlib.util.spec_from_file_location("kvcache._lookup", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 name = f"asan-{uuid.uuid4().hex[:8]}"
-pool = kvcache.create(name, "128K", page_size="1K", policy="lru")
+pool = kvcache.create(name, "128K", page_size="1K", policy="arc")  # hits move lists
 try:
     keys = [f"key{i}" * (i % 7 + 1) for i in range(40)]
     for i, key in enumerate(keys):
         pool.put(key, bytes([i]) * (i * 97 % 3000))
     g = pool._engine.views.geometry
     segment = np.frombuffer(pool._engine.segment.buffer, np.uint8, g.total_bytes).copy()
-    finder = module.Finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
-                           g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
-                           g.total_bytes, 100, fastpath.FIELDS)
+    segment[: g.entries_offset].view(np.int64)[H.flock_users] = 0  # read: no flock-only user
+    finders = [  # each kind of hit (the words of arc's lists serve s3fifo's too)
+        module.Finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
+                      g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
+                      g.total_bytes, 100, hit_kind, 3, fastpath.FIELDS)
+        for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
+    ]
     rng = random.Random(7)
     words = segment[: g.data_offset].view(np.int64)
     found = 0
@@ -220,6 +225,7 @@ try:
                                       rng.randrange(-1000, 1000), int(damaged[at]) + 1])
         view = memoryview(mapping)
         for key in rng.sample(keys, 5) + ["absent"]:
+            finder = rng.choice(finders)
             eid = finder.find_hit(view, encode_key(key)[0], 0.0, rng.random() < 0.5)
             found += eid >= 0
             for probe in (eid, rng.randrange(-2, g.max_entries + 2)):
@@ -227,7 +233,13 @@ try:
                 finder.copy_value(view, probe, 1 << 16, verify)
                 target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)  # malloc'd whole
                 finder.copy_into(view, probe, target, 1 << 16, verify)
-    assert found > 1000, found
+            key_bytes = encode_key(key)[0]
+            value = finders[0].read(view, key_bytes, 0.0, None, 1 << 16, rng.choice([0, 16384]))
+            found += value is not None
+            target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)
+            finders[0].read(view, key_bytes, 0.0, target, 1 << 16, rng.choice([0, 16384]))
+        finders[0].tick(view, rng.random() < 0.5)
+    assert found > 2000, found
 finally:
     pool.close()
     kvcache.destroy(name)

@@ -17,10 +17,17 @@ read finds) and copies the Python way whenever a copy answers None. So the
 compiled path never judges damage to the pool's words itself, and both engines
 answer alike by construction.
 
-The hit touch in C is the one every policy without queues shares (the logical
-clock, the decayed frequency, the access times). Pools whose policy keeps
-queues (``s3fifo``, ``arc``, ``prefix``), and disk pools
-(whose lookup reads ahead and reads keys from the file), take the Python path.
+``Store.read`` first asks ``read`` for the whole get of a plain hit without the
+pool's lock (x86-64 only: see ``kvcache._lookup``): the entry's generation,
+read before and after the copy, tells a copy overtaken by a writer; the hit
+counter and the clock tick atomically (``Table.tick``, which holders of the
+lock use too). Whatever ``read`` answers None for takes the locked path above.
+
+The hit touch in C is the one every policy shares (the logical clock, the
+decayed frequency, the access times) and, for the policies that keep queues,
+their hit (``HIT_KINDS``: a read counted, or a move to main's head). Disk pools
+(whose lookup reads ahead and reads keys from the file) take the Python path,
+and so does a queue policy not in ``HIT_KINDS``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from typing import Any
 from . import native
 from .config import PoolConfig
 from .layout import ENTRY_WORDS, E, Geometry, H
+from .policies import get_policy
+from .policies.s3fifo import MAX_READS
 
 ABSENT = -2
 """``find_hit``'s answer for a key certainly not in the index: the caller counts the miss."""
@@ -50,17 +59,43 @@ FIELDS = (
     E.num_pages,
     E.flags,
     E.checksum,
+    E.probation,
+    E.queue_prev,
+    E.queue_next,
+    E.reads,
     ENTRY_WORDS,
     H.hits,
     H.clock,
+    H.retired,
+    H.flock_users,
+    H.probation_head,
+    H.probation_tail,
+    H.main_head,
+    H.main_tail,
+    H.num_probation,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
+
+
+HIT_TOUCH, HIT_COUNTS_READS, HIT_MOVES_TO_MAIN = 0, 1, 2
+HIT_KINDS = {
+    "s3fifo": HIT_COUNTS_READS,  # S3FIFO.hit: one more read, at most MAX_READS
+    "arc": HIT_MOVES_TO_MAIN,  # ARC.hit and PrefixPolicy.hit: to main's most recent end
+    "prefix": HIT_MOVES_TO_MAIN,
+}
+"""What a queue policy's hit does to its queues, which the C code does the same way (a
+differential test holds both to it); a policy not named here keeps no queues (it is
+touched and nothing more) or takes the Python path (``hit_finder`` answers None)."""
 
 
 def hit_finder(geometry: Geometry, config: PoolConfig) -> Any:
     """A ``Finder`` for a segment of this geometry, or None (not built, forced off, or a
     geometry past what the C code takes: such a pool is served by the Python path)."""
     if native.Finder is None:
+        return None
+    policy = get_policy(config.policy)
+    hit_kind = HIT_KINDS.get(config.policy, HIT_TOUCH if not policy.uses_queues else -1)
+    if hit_kind < 0:
         return None
     g = geometry
     try:
@@ -75,6 +110,8 @@ def hit_finder(geometry: Geometry, config: PoolConfig) -> Any:
             g.page_size_bytes,
             g.total_bytes,
             config.lfu_half_life,
+            hit_kind,
+            MAX_READS,
             FIELDS,
         )
     except (ValueError, OverflowError):

@@ -159,6 +159,11 @@ class PoolLock:
         self.fd = leases.reopen(mapped_fd)
         """The lock's own description; it also holds this holder's process-slot lease."""
 
+    @property
+    def closed(self) -> bool:
+        """Whether closing began (see :meth:`closing`)."""
+        return self._closed
+
     def own(self, slot: int, serial: int) -> None:
         """Lock through the lock word as the holder of ``slot`` as ``serial``, where the
         compiled lock is built and the kernel lets this process take part in the fence;
@@ -379,6 +384,8 @@ def retired_error(name: str, how: int) -> PoolDestroyedError:
 
 class ClosedLock:
     """Stands in for the lock of a closed pool, so any use fails clearly (at no cost before)."""
+
+    closed = True
 
     def __init__(self, name: str) -> None:
         self._name = name

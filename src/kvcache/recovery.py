@@ -265,6 +265,11 @@ def _survey_metadata(
     """Range-check the READY entries: mend policy metadata, drop (from ``runs``) the others."""
     ids = np.fromiter(hashes, np.int64, len(hashes))
     records = v.entries[ids]
+    # Compiled readers without the lock tick the clock (then set an entry's last access)
+    # meanwhile: a clock read after the records is at or past each of them.
+    clock = v.header_q[H.clock]
+    if survey.clock <= clock < CLOCK_LIMIT:
+        survey.clock = clock
     for fault in ranges.entry_faults(records, survey.clock):
         bad = zip(ids[fault.bad].tolist(), records[fault.field][fault.bad].tolist(), strict=True)
         for eid, value in bad:
@@ -314,9 +319,17 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     if not lowest <= fresh <= g.num_pages:
         fresh = min(g.num_pages, max(fresh, lowest))
     survey.fresh_pages = fresh
-    wanted = {"clock": survey.clock, "next_fresh_page": fresh}
+    # Each word is read once: compiled readers without the lock tick the clock and the hit
+    # count while this runs, so a second read could differ from the first in range.
+    clock = h[H.clock]
+    wanted = {
+        "clock": clock if survey.clock <= clock < CLOCK_LIMIT else survey.clock,
+        "next_fresh_page": fresh,
+    }
+    seen = {"clock": clock}
     for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
-        wanted[name] = h[getattr(H, name)] if 0 <= h[getattr(H, name)] < CLOCK_LIMIT else 0
+        seen[name] = count = h[getattr(H, name)]
+        wanted[name] = count if 0 <= count < CLOCK_LIMIT else 0
     sweep, reserved = h[H.next_sweep_puts], h[H.reserved_pages]
     wanted["next_sweep_puts"] = sweep if 0 <= sweep <= wanted["puts"] + g.max_entries else 0
     wanted["reserved_pages"] = reserved if fresh <= reserved <= g.num_pages else fresh
@@ -327,10 +340,9 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     wanted["promote"] = h[H.promote] if h[H.promote] in (PROMOTE_ON_HIT, PROMOTE_NEVER) else 0
     wanted["clean"] = 0  # it is open: whoever closes it last sets it after a flush
     for name, value in wanted.items():
-        if h[getattr(H, name)] != value:
-            survey.problems.append(
-                f"header {name} {h[getattr(H, name)]} is out of range (repair sets {value})"
-            )
+        current = seen[name] if name in seen else h[getattr(H, name)]
+        if current != value:
+            survey.problems.append(f"header {name} {current} is out of range (repair sets {value})")
             survey.header[name] = value
     expected = _new_header(parts)
     for name in FIXED_HEADER_FIELDS:

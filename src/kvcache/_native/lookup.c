@@ -15,10 +15,18 @@
  * published is the one judgement made here, answered as False for the caller to drop
  * the entry as damaged (as the Python path does).
  *
+ * read is the whole get of a small plain value without the lock, in pools whose
+ * policy keeps no queues (a queue policy's hit moves shared lists: under the lock).
+ * The entry's generation, read before and after the copy, tells a copy that a writer
+ * overtook (every reuse of an entry or its pages changes its generation or state
+ * first, under the lock), which is then tried again; the hit's counters tick
+ * atomically (tick, also used by holders of the lock). Anything else it leaves to the
+ * caller's locked path, as find_hit does.
+ *
  * Every word read from the segment is checked before it is used as an offset or an
  * index: an entry id against the entry table, a page against the data region, a key
- * length against the mapping's end. The caller holds the pool's lock (the kernel's
- * flock) around the call, as around the Python lookup.
+ * length against the mapping's end. The caller holds the pool's lock around every call
+ * but read.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -51,13 +59,31 @@
 enum {
     F_GENERATION, F_STATE, F_HASH_LO, F_HASH_HI, F_KEY_LEN, F_FIRST_PAGE, F_LAST_ACCESS,
     F_ACCESSED_AT, F_FREQ, F_EXPIRES_AT, F_HEADER_LEN, F_VALUE_LEN, F_NUM_PAGES, F_FLAGS,
-    F_CHECKSUM, F_ENTRY_WORDS, F_HITS, F_CLOCK, NUM_FIELDS
+    F_CHECKSUM, F_PROBATION, F_QUEUE_PREV, F_QUEUE_NEXT, F_READS,
+    F_ENTRY_WORDS, /* the entry's words; header words follow */
+    F_HITS, F_CLOCK, F_RETIRED, F_FLOCK_USERS, F_PROBATION_HEAD, F_PROBATION_TAIL,
+    F_MAIN_HEAD, F_MAIN_TAIL, F_NUM_PROBATION, NUM_FIELDS
 };
+
+/* What a hit does to a queue policy's lists (kvcache.fastpath.HIT_KINDS). */
+enum { HIT_TOUCH = 0, HIT_COUNTS_READS = 1, HIT_MOVES_TO_MAIN = 2 };
+#define PROBATION 1 /* kvcache.queues: an entry's list */
+#define MAIN 0
+
+/* Reads without the lock (``read``) rely on stores becoming visible in program order:
+ * the writers are Python's plain stores, ordered by nothing else. x86-64 (TSO) gives
+ * that; elsewhere ``read`` answers None and every get takes the lock. */
+#if defined(__x86_64__)
+#define UNLOCKED_READS 1
+#else
+#define UNLOCKED_READS 0
+#endif
+#define UNLOCKED_ATTEMPTS 4 /* copies overtaken by a writer before the lock is taken */
 
 typedef struct {
     PyObject_HEAD
     int64_t entries_offset, max_entries, index_offset, index_slots, page_next_offset;
-    int64_t data_offset, num_pages, page_size, total_bytes, half_life;
+    int64_t data_offset, num_pages, page_size, total_bytes, half_life, hit_kind, max_reads;
     int64_t field[NUM_FIELDS];
 } Finder;
 
@@ -74,6 +100,11 @@ static double load_double(const char *base, int64_t word) {
 }
 
 static void store(char *base, int64_t word, int64_t value) { memcpy(base + word * 8, &value, 8); }
+
+/* A word read before what it guards (the generation before the entry it numbers). */
+static int64_t load_acquire(const char *base, int64_t word) {
+    return __atomic_load_n((const int64_t *)(const void *)(base + word * 8), __ATOMIC_ACQUIRE);
+}
 
 static void store_double(char *base, int64_t word, double value) {
     memcpy(base + word * 8, &value, 8);
@@ -117,29 +148,109 @@ static int holds_key(const Finder *f, const char *map, const char *entry, const 
     return memcmp(map + start, key, (size_t)key_len) == 0;
 }
 
-/* Table.lookup's hit: count it, tick the logical clock, age and bump the frequency,
- * record the access. 0 (nothing written) where a word is outside what Python would
- * compute the same way: Python then does it, or reports the damage. */
-static int touch(const Finder *f, char *map, char *entry, double now) {
+/* The logical clock's next tick (and a hit counted, with ``hit``), taken atomically:
+ * readers without the lock tick it beside holders of the lock. -1 (nothing changed)
+ * where the clock or the count is out of range: Python then ticks it, or reports the
+ * damage. */
+static int64_t tick(const Finder *f, char *map, int hit) {
     const int64_t *w = f->field;
-    int64_t hits = load(map, w[F_HITS]), clock = load(map, w[F_CLOCK]);
-    int64_t last_access = load(entry, w[F_LAST_ACCESS]);
-    if (hits < 0 || hits >= CLOCK_LIMIT || clock < 0 || clock >= CLOCK_LIMIT) return 0;
+    int64_t *clock = (int64_t *)(void *)(map + w[F_CLOCK] * 8);
+    int64_t *hits = (int64_t *)(void *)(map + w[F_HITS] * 8);
+    int64_t counted = __atomic_load_n(hits, __ATOMIC_RELAXED);
+    if (hit && (counted < 0 || counted >= CLOCK_LIMIT)) return -1;
+    int64_t seen = __atomic_load_n(clock, __ATOMIC_RELAXED);
+    do {
+        if (seen < 0 || seen >= CLOCK_LIMIT) return -1;
+    } while (!__atomic_compare_exchange_n(clock, &seen, seen + 1, 0, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    if (hit) __atomic_fetch_add(hits, 1, __ATOMIC_RELAXED);
+    return seen + 1;
+}
+
+static char *entry_at(const Finder *f, char *map, int64_t eid) {
+    return map + f->entries_offset + eid * f->field[F_ENTRY_WORDS] * 8;
+}
+
+/* Whether the queue policy's hit can be done here: every word it reads in range (an
+ * entry's list, its links, main's head, the probation count; s3fifo's read count). */
+static int queue_hit_ok(const Finder *f, const char *map, const char *entry) {
+    const int64_t *w = f->field, n = f->max_entries;
+    if (f->hit_kind == HIT_COUNTS_READS) {
+        int64_t reads = load(entry, w[F_READS]);
+        return reads >= 0 && reads <= f->max_reads;
+    }
+    if (f->hit_kind != HIT_MOVES_TO_MAIN) return 1;
+    int64_t kind = load(entry, w[F_PROBATION]), prev = load(entry, w[F_QUEUE_PREV]);
+    int64_t after = load(entry, w[F_QUEUE_NEXT]), head = load(map, w[F_MAIN_HEAD]);
+    int64_t on_probation = load(map, w[F_NUM_PROBATION]);
+    return (kind == MAIN || kind == PROBATION) && prev >= 0 && prev <= n && after >= 0 &&
+           after <= n && head >= 0 && head <= n && on_probation > INT64_MIN + 1;
+}
+
+/* QueuePolicy.hit, written as kvcache.queues writes it (checked by queue_hit_ok):
+ * s3fifo counts a read (at most max_reads); arc and prefix move the entry to the head
+ * of main (EntryQueues.unlink, then push), store for store in the same order. */
+static void queue_hit(const Finder *f, char *map, int64_t eid) {
+    const int64_t *w = f->field;
+    char *entry = entry_at(f, map, eid);
+    if (f->hit_kind == HIT_COUNTS_READS) {
+        int64_t reads = load(entry, w[F_READS]) + 1;
+        store(entry, w[F_READS], reads < f->max_reads ? reads : f->max_reads);
+        return;
+    }
+    if (f->hit_kind != HIT_MOVES_TO_MAIN) return;
+    int64_t kind = load(entry, w[F_PROBATION]), prev = load(entry, w[F_QUEUE_PREV]);
+    int64_t after = load(entry, w[F_QUEUE_NEXT]);
+    int64_t head_word = kind == PROBATION ? w[F_PROBATION_HEAD] : w[F_MAIN_HEAD];
+    int64_t tail_word = kind == PROBATION ? w[F_PROBATION_TAIL] : w[F_MAIN_TAIL];
+    if (prev || after || load(map, head_word) == eid + 1) { /* in a list: unlink */
+        store(map, w[F_NUM_PROBATION], load(map, w[F_NUM_PROBATION]) - kind);
+        if (prev) store(entry_at(f, map, prev - 1), w[F_QUEUE_NEXT], after);
+        else store(map, head_word, after);
+        if (after) store(entry_at(f, map, after - 1), w[F_QUEUE_PREV], prev);
+        else store(map, tail_word, prev);
+        store(entry, w[F_QUEUE_PREV], 0);
+        store(entry, w[F_QUEUE_NEXT], 0);
+    }
+    int64_t head = load(map, w[F_MAIN_HEAD]); /* push to main's head */
+    store(entry, w[F_PROBATION], MAIN);
+    store(entry, w[F_QUEUE_PREV], 0);
+    store(entry, w[F_QUEUE_NEXT], head);
+    if (head) store(entry_at(f, map, head - 1), w[F_QUEUE_PREV], eid + 1);
+    else store(map, w[F_MAIN_TAIL], eid + 1);
+    store(map, w[F_MAIN_HEAD], eid + 1);
+}
+
+/* Table.lookup's hit: count it, tick the logical clock, age and bump the frequency,
+ * do the queue policy's hit (queue_hit), record the access. 0 (nothing written) where
+ * a word is outside what Python would compute the same way: Python then does it, or
+ * reports the damage. The frequency and access fields are plain stores: two readers
+ * touching one entry at once (without the lock) may lose one bump, which only steers
+ * eviction. */
+static int touch(const Finder *f, char *map, int64_t eid, double now) {
+    const int64_t *w = f->field;
+    char *entry = entry_at(f, map, eid);
+    if (!queue_hit_ok(f, map, entry)) return 0;
+    int64_t last_access = load(entry, w[F_LAST_ACCESS]), clock = load(map, w[F_CLOCK]);
     if (f->half_life < 1 || f->half_life >= EXACT_DOUBLE) return 0; /* rounds in Python */
     if (last_access <= -CLOCK_LIMIT || last_access >= CLOCK_LIMIT) return 0;
-    clock += 1;
-    int64_t idle = clock - last_access;
-    if (idle <= -EXACT_DOUBLE || idle >= EXACT_DOUBLE) return 0; /* Python rounds these once */
+    if (clock < 0 || clock >= CLOCK_LIMIT) return 0;
+    clock += 1; /* as the tick below makes it, unless another reader ticks first */
+    if (clock - last_access <= -EXACT_DOUBLE || clock - last_access >= EXACT_DOUBLE)
+        return 0; /* Python rounds these once */
     /* As Python computes ``freq * 2.0 ** (-idle / half_life) + 1.0``: both ints convert
      * exactly, one rounded division, libm's pow, then a separate multiply and add
      * (the build turns off contraction into a fused multiply-add). */
-    double decay = pow(2.0, (double)-idle / (double)f->half_life);
+    double decay = pow(2.0, (double)-(clock - last_access) / (double)f->half_life);
     if (isinf(decay)) return 0; /* Python raises OverflowError here */
-    double freq = load_double(entry, w[F_FREQ]) * decay + 1.0;
-    store(map, w[F_HITS], hits + 1);
-    store(map, w[F_CLOCK], clock);
-    store_double(entry, w[F_FREQ], freq);
+    int64_t ticked = tick(f, map, 1);
+    if (ticked < 0) return 0;
+    if (ticked > clock) /* others ticked meanwhile: the entry aged a little more */
+        decay = pow(2.0, (double)-(ticked - last_access) / (double)f->half_life);
+    clock = ticked;
+    store_double(entry, w[F_FREQ], load_double(entry, w[F_FREQ]) * decay + 1.0);
     store(entry, w[F_LAST_ACCESS], clock);
+    queue_hit(f, map, eid);
     store_double(entry, w[F_ACCESSED_AT], now);
     return 1;
 }
@@ -174,11 +285,11 @@ static PyObject *find_hit(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         if (eid == ABSENT) found = ABSENT;
         if (eid >= 0) {
             const int64_t *w = f->field;
-            char *entry = map + f->entries_offset + eid * w[F_ENTRY_WORDS] * 8;
+            char *entry = entry_at(f, map, eid);
             double expires_at = load_double(entry, w[F_EXPIRES_AT]);
             int expired = expires_at != INFINITY && expires_at <= now;
             if (load(entry, w[F_STATE]) == READY && !expired &&
-                holds_key(f, map, entry, key, key_len) && (!count || touch(f, map, entry, now)))
+                holds_key(f, map, entry, key, key_len) && (!count || touch(f, map, eid, now)))
                 found = eid;
         }
     }
@@ -333,6 +444,108 @@ static PyObject *copy_into(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
+PyDoc_STRVAR(read_doc,
+"read(mapping, key_bytes, now, target, max_bytes, verify_max_bytes) -> bytes | int | None\n\n"
+"A get's hit without the pool's lock: find ``key_bytes`` as ``find_hit`` does, copy its\n"
+"plain value of at most ``max_bytes`` into a new ``bytes`` (``target`` None) or its\n"
+"payload to the start of the writable buffer ``target`` (answering its length), summed\n"
+"against its checksum if it is at most ``verify_max_bytes`` long, and touch it as a hit.\n"
+"The copy is kept only if the entry's generation and state did not change meanwhile\n"
+"(a seqlock; copies overtaken are tried again, a few times). None for anything else:\n"
+"a miss, an expired entry, a value too large, a failed sum, a pool retired or with\n"
+"flock-only users attached, or a platform without the store order this relies on:\n"
+"the caller then takes the lock and reads as before, which decides.");
+
+static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "read takes mapping, key_bytes, now, target, "
+                                         "max_bytes and verify_max_bytes");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[2]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    int64_t max_bytes = PyLong_AsLongLong(args[4]), verify_max = PyLong_AsLongLong(args[5]);
+    if ((max_bytes == -1 || verify_max == -1) && PyErr_Occurred()) return NULL;
+    if (!UNLOCKED_READS) Py_RETURN_NONE;
+    int into = args[3] != Py_None;
+    Py_buffer view, target = {0};
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (into && PyObject_GetBuffer(args[3], &target, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    char *map = view.buf;
+    const int64_t *w = f->field;
+    /* flock-only users (pure-Python processes, observers) tick the clock with plain
+     * stores under the lock, which an unlocked tick beside them could undo */
+    if (f->hit_kind != HIT_TOUCH || view.len < f->total_bytes ||
+        load_acquire(map, w[F_RETIRED]) != 0 ||
+        load_acquire(map, w[F_FLOCK_USERS]) != 0)
+        goto done;
+    const char *key = PyBytes_AS_STRING(args[1]);
+    int64_t key_len = PyBytes_GET_SIZE(args[1]), lo, hi;
+    key_hash(key, (size_t)key_len, &lo, &hi);
+    for (int attempt = 0; attempt < UNLOCKED_ATTEMPTS; attempt++) {
+        int64_t eid = probe(f, map, lo, hi);
+        if (eid < 0) break; /* a miss: counted under the lock, with the regret sample */
+        char *entry = entry_at(f, map, eid);
+        int64_t generation = load_acquire(entry, w[F_GENERATION]), start, length, num_pages;
+        double expires_at = load_double(entry, w[F_EXPIRES_AT]);
+        if ((expires_at != INFINITY && expires_at <= now) ||
+            readable(f, map, eid, max_bytes, into, &start, &length, &num_pages) == NULL ||
+            !holds_key(f, map, entry, key, key_len) || (into && length > target.len))
+            break;
+        PyObject *value = NULL;
+        char *out = target.buf;
+        if (!into) {
+            value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+            if (value == NULL) goto done;
+            out = PyBytes_AS_STRING(value);
+        }
+        int intact = copy_entry(f, map, entry, start, length, num_pages, out,
+                                length <= verify_max);
+        /* Whatever was copied was read before the generation is read again: a writer
+         * that reused the entry or its pages meanwhile changed it (or the state) first. */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (load(entry, w[F_GENERATION]) != generation || load(entry, w[F_STATE]) != READY) {
+            Py_XDECREF(value);
+            continue; /* overtaken: copy it again */
+        }
+        if (intact <= 0 || !touch(f, map, eid, now)) { /* the lock's path decides */
+            Py_XDECREF(value);
+            break;
+        }
+        result = into ? PyLong_FromLongLong(length) : value;
+        break;
+    }
+done:
+    if (into) PyBuffer_Release(&target);
+    PyBuffer_Release(&view);
+    if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+    return result;
+}
+
+PyDoc_STRVAR(tick_doc,
+"tick(mapping, hit) -> int\n\n"
+"Advance the logical clock by one, atomically (and count a hit with ``hit``); its new\n"
+"value, or -1 where the clock or the count is out of range (the caller then ticks it\n"
+"the Python way). Holders of the lock tick this way while readers without it run.");
+
+static PyObject *py_tick(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tick takes mapping and hit");
+        return NULL;
+    }
+    int hit = PyObject_IsTrue(args[1]);
+    if (hit < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int64_t clock = view.len >= f->total_bytes ? tick(f, view.buf, hit) : -1;
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(clock);
+}
+
 PyDoc_STRVAR(key_hash_doc,
 "key_hash(key_bytes) -> (lo, hi)\n\n"
 "kvcache.keys.key_hash computed here (for tests: both must agree).");
@@ -353,10 +566,10 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "Finder takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "LLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
+    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
                           &f->index_offset, &f->index_slots, &f->page_next_offset,
-                          &f->data_offset, &f->num_pages,
-                          &f->page_size, &f->total_bytes, &f->half_life, &PyTuple_Type, &fields))
+                          &f->data_offset, &f->num_pages, &f->page_size, &f->total_bytes,
+                          &f->half_life, &f->hit_kind, &f->max_reads, &PyTuple_Type, &fields))
         return -1;
     if (PyTuple_GET_SIZE(fields) != NUM_FIELDS) {
         PyErr_Format(PyExc_ValueError, "Finder needs %d field word indices", NUM_FIELDS);
@@ -373,9 +586,12 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
              f->max_entries > 0 && f->num_pages > 0 && f->page_size > 0 &&
              f->total_bytes > 0 && f->total_bytes < limit &&
              f->max_entries < limit && f->index_slots < limit && f->num_pages < limit &&
-             f->page_size < limit && w[F_ENTRY_WORDS] > 0 && w[F_ENTRY_WORDS] < 4096;
+             f->page_size < limit && w[F_ENTRY_WORDS] > 0 && w[F_ENTRY_WORDS] < 4096 &&
+             f->hit_kind >= HIT_TOUCH && f->hit_kind <= HIT_MOVES_TO_MAIN &&
+             f->max_reads >= 0 && f->max_reads < limit;
     for (int i = 0; ok && i < F_ENTRY_WORDS; i++) ok = w[i] >= 0 && w[i] < w[F_ENTRY_WORDS];
-    ok = ok && w[F_HITS] >= 0 && w[F_CLOCK] >= 0 && w[F_HITS] < 512 && w[F_CLOCK] < 512;
+    for (int i = F_HITS; ok && i < NUM_FIELDS; i++) ok = w[i] >= 0 && w[i] < 512; /* header */
+    ok = ok && (f->entries_offset | f->index_offset | f->page_next_offset | f->data_offset) % 8 == 0;
     int64_t data_bytes = 0, entry_bytes = 0;
     ok = ok && !__builtin_mul_overflow(f->num_pages, f->page_size, &data_bytes) &&
          !__builtin_mul_overflow(f->max_entries, w[F_ENTRY_WORDS] * 8, &entry_bytes);
@@ -397,6 +613,8 @@ static PyMethodDef finder_methods[] = {
     {"find_hit", (PyCFunction)(void (*)(void))find_hit, METH_FASTCALL, find_hit_doc},
     {"copy_value", (PyCFunction)(void (*)(void))copy_value, METH_FASTCALL, copy_value_doc},
     {"copy_into", (PyCFunction)(void (*)(void))copy_into, METH_FASTCALL, copy_into_doc},
+    {"read", (PyCFunction)(void (*)(void))read_unlocked, METH_FASTCALL, read_doc},
+    {"tick", (PyCFunction)(void (*)(void))py_tick, METH_FASTCALL, tick_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -407,7 +625,8 @@ static PyTypeObject FinderType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = PyDoc_STR("Finder(entries_offset, max_entries, index_offset, index_slots, "
                         "page_next_offset, data_offset, num_pages, page_size, total_bytes, "
-                        "lfu_half_life, fields): one segment's geometry, for find_hit, "
+                        "lfu_half_life, hit_kind, max_reads, fields): one segment's "
+                        "geometry and its policy's hit, for find_hit, "
                         "copy_value and copy_into."),
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)finder_init,

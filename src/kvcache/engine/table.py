@@ -102,9 +102,8 @@ class Table:
         self.stored_key = self._key_from_file if seg.on_disk else self.key_view
         self.owner = (-1, 0)  # the (slot, serial) written into the entries this process reserves
         self.make_room: MakeRoom = _no_room  # the Evictor's, set by Store
-        # compiled hit (kvcache.fastpath): policies without queues, RAM pools only
-        plain = self.queues is None and not seg.on_disk
-        self.fast = fastpath.hit_finder(views.geometry, config) if plain else None
+        # compiled hit (kvcache.fastpath): RAM pools only
+        self.fast = None if seg.on_disk else fastpath.hit_finder(views.geometry, config)
 
     # ---------------------------------------------------------------- lookups
 
@@ -193,9 +192,7 @@ class Table:
         if eid < 0:
             self._count_miss(hashed)
             return -1
-        h[H.hits] += 1
-        clock = h[H.clock] + 1
-        h[H.clock] = clock
+        clock = self.tick(hit=True)
         q, d = self.eq, self.ed
         idle = clock - q[base + E.last_access]
         d[base + E.freq] = d[base + E.freq] * 2.0 ** (-idle / self.config.lfu_half_life) + 1.0
@@ -204,6 +201,20 @@ class Table:
             cast(QueuePolicy, self.policy).hit(self.queues, eid)
         d[base + E.accessed_at] = self.clock()
         return eid
+
+    def tick(self, *, hit: bool = False) -> int:
+        """Advance the logical clock (and count a hit, with ``hit``); its new value. Where
+        compiled readers tick it without the lock (``kvcache.fastpath``) this is atomic."""
+        if self.fast is not None:
+            clock: int = self.fast.tick(self.views.raw, hit)
+            if clock >= 0:
+                return clock
+        h = self.hq  # pure Python, or a word out of range (which this reports)
+        if hit:
+            h[H.hits] += 1
+        clock = h[H.clock] + 1
+        h[H.clock] = clock
+        return clock
 
     def _count_miss(self, hashed: tuple[int, int]) -> None:
         """Count a miss of the key hashed ``hashed``, and ask the regret sample about it."""
@@ -377,8 +388,7 @@ class Table:
             self._admit(self.queues, eid, old, history)
         if old >= 0:
             self.remove(old)
-        clock = h[H.clock] + 1
-        h[H.clock] = clock
+        clock = self.tick()
         created, last_access, freq = history or (clock, clock, d[base + E.freq])
         q[base + E.created] = created
         q[base + E.last_access] = last_access
