@@ -72,7 +72,8 @@ def new_pool(
     )
     if pure:
         # the reference: Table.lookup's Python path only, under the lock
-        pool._engine.table.fast = pool._engine._read_unlocked = None
+        engine = pool._engine
+        engine.table.fast = engine._read_unlocked = engine._present = None
     try:
         yield pool
     finally:

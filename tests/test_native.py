@@ -238,6 +238,7 @@ try:
             found += value is not None
             target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)
             finders[0].read(view, key_bytes, 0.0, target, 1 << 16, rng.choice([0, 16384]))
+            found += finder.present(view, key_bytes, 0.0) is True
         finders[0].tick(view, rng.random() < 0.5)
     assert found > 2000, found
 finally:

@@ -22,6 +22,7 @@ pool's lock (x86-64 only: see ``kvcache._lookup``): the entry's generation,
 read before and after the copy, tells a copy overtaken by a writer; the hit
 counter and the clock tick atomically (``Table.tick``, which holders of the
 lock use too). Whatever ``read`` answers None for takes the locked path above.
+``contains`` asks ``present`` first in the same way, in a pool of any policy.
 
 The hit touch in C is the one every policy shares (the logical clock, the
 decayed frequency, the access times) and, for the policies that keep queues,

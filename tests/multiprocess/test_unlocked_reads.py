@@ -211,10 +211,12 @@ with pool._engine.lock:
 
 
 @needs_unlocked
-def test_a_hit_is_read_while_another_process_holds_the_lock(make_pool) -> None:
-    """A get and a get_into of a hit return while another process holds the pool's lock
-    (they used to wait for it); a miss still waits for it, to count itself."""
-    pool = make_pool("1M", page_size="4K", policy="lru")
+@pytest.mark.parametrize("policy", ["lru", "prefix"])
+def test_a_hit_is_read_while_another_process_holds_the_lock(make_pool, policy) -> None:
+    """``in`` answers a hit while another process holds the pool's lock, whatever the policy
+    (it touches nothing); a get and a get_into of a hit do too where the policy keeps no
+    queues (``prefix`` moves its lists on a hit: under the lock). A miss waits for the lock."""
+    pool = make_pool("1M", page_size="4K", policy=policy)
     pool.put("k", b"value")
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, pool.name],
@@ -225,13 +227,20 @@ def test_a_hit_is_read_while_another_process_holds_the_lock(make_pool) -> None:
     try:
         wait_for_line(holder, "locked", timeout=60)
         with deadline(30):
-            assert pool.get("k") == b"value"
-            target = bytearray(5)
-            assert pool.get_into("k", target) == 5 and target == b"value"
-        with pytest.raises(Deadlock), deadline(0.5):
-            pool.get("absent")
+            assert "k" in pool
+        gets = [lambda: pool.get("k") == b"value", lambda: pool.get_into("k", bytearray(5)) == 5]
+        for get in gets:
+            if policy == "lru":
+                with deadline(30):
+                    assert get()
+            else:
+                with pytest.raises(Deadlock), deadline(0.5):
+                    get()
+        for miss in (lambda: pool.get("absent"), lambda: "absent" in pool):
+            with pytest.raises(Deadlock), deadline(0.5):
+                miss()
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
-    assert pool.get("absent") is None
+    assert pool.get("absent") is None and "absent" not in pool
     assert pool.check() == []

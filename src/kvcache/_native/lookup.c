@@ -167,8 +167,8 @@ static int64_t tick(const Finder *f, char *map, int hit) {
     return seen + 1;
 }
 
-static char *entry_at(const Finder *f, char *map, int64_t eid) {
-    return map + f->entries_offset + eid * f->field[F_ENTRY_WORDS] * 8;
+static char *entry_at(const Finder *f, const char *map, int64_t eid) {
+    return (char *)map + f->entries_offset + eid * f->field[F_ENTRY_WORDS] * 8;
 }
 
 /* Whether the queue policy's hit can be done here: every word it reads in range (an
@@ -444,6 +444,33 @@ static PyObject *copy_into(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
+/* Without the lock: the entry that holds ``key`` now, READY and unexpired, with the
+ * generation read before anything else of it; -1 where there is none to read this way
+ * (the locked path decides). */
+static int64_t unlocked_hit(const Finder *f, const char *map, const char *key,
+                            int64_t key_len, int64_t lo, int64_t hi, double now,
+                            int64_t *generation) {
+    int64_t eid = probe(f, map, lo, hi);
+    if (eid < 0) return -1; /* a miss: counted under the lock, with the regret sample */
+    const char *entry = entry_at(f, map, eid);
+    *generation = load_acquire(entry, f->field[F_GENERATION]);
+    double expires_at = load_double(entry, f->field[F_EXPIRES_AT]);
+    if ((expires_at != INFINITY && expires_at <= now) || load(entry, f->field[F_STATE]) != READY ||
+        !holds_key(f, map, entry, key, key_len))
+        return -1;
+    return eid;
+}
+
+/* Whether ``eid`` is still what it was when ``generation`` was read: everything read of
+ * it in between was read before (the fence), and a writer that reused the entry or its
+ * pages meanwhile changed its generation or its state first. */
+static int unchanged(const Finder *f, const char *map, int64_t eid, int64_t generation) {
+    const char *entry = entry_at(f, map, eid);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return load(entry, f->field[F_GENERATION]) == generation &&
+           load(entry, f->field[F_STATE]) == READY;
+}
+
 PyDoc_STRVAR(read_doc,
 "read(mapping, key_bytes, now, target, max_bytes, verify_max_bytes) -> bytes | int | None\n\n"
 "A get's hit without the pool's lock: find ``key_bytes`` as ``find_hit`` does, copy its\n"
@@ -487,14 +514,10 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
     int64_t key_len = PyBytes_GET_SIZE(args[1]), lo, hi;
     key_hash(key, (size_t)key_len, &lo, &hi);
     for (int attempt = 0; attempt < UNLOCKED_ATTEMPTS; attempt++) {
-        int64_t eid = probe(f, map, lo, hi);
-        if (eid < 0) break; /* a miss: counted under the lock, with the regret sample */
-        char *entry = entry_at(f, map, eid);
-        int64_t generation = load_acquire(entry, w[F_GENERATION]), start, length, num_pages;
-        double expires_at = load_double(entry, w[F_EXPIRES_AT]);
-        if ((expires_at != INFINITY && expires_at <= now) ||
-            readable(f, map, eid, max_bytes, into, &start, &length, &num_pages) == NULL ||
-            !holds_key(f, map, entry, key, key_len) || (into && length > target.len))
+        int64_t generation, start, length, num_pages;
+        int64_t eid = unlocked_hit(f, map, key, key_len, lo, hi, now, &generation);
+        if (eid < 0 || readable(f, map, eid, max_bytes, into, &start, &length, &num_pages) == NULL ||
+            (into && length > target.len))
             break;
         PyObject *value = NULL;
         char *out = target.buf;
@@ -503,12 +526,9 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
             if (value == NULL) goto done;
             out = PyBytes_AS_STRING(value);
         }
-        int intact = copy_entry(f, map, entry, start, length, num_pages, out,
+        int intact = copy_entry(f, map, entry_at(f, map, eid), start, length, num_pages, out,
                                 length <= verify_max);
-        /* Whatever was copied was read before the generation is read again: a writer
-         * that reused the entry or its pages meanwhile changed it (or the state) first. */
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (load(entry, w[F_GENERATION]) != generation || load(entry, w[F_STATE]) != READY) {
+        if (!unchanged(f, map, eid, generation)) {
             Py_XDECREF(value);
             continue; /* overtaken: copy it again */
         }
@@ -524,6 +544,39 @@ done:
     PyBuffer_Release(&view);
     if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
     return result;
+}
+
+PyDoc_STRVAR(present_doc,
+"present(mapping, key_bytes, now) -> True | None\n\n"
+"``key in pool`` without the pool's lock: True where ``key_bytes`` has a READY,\n"
+"unexpired entry whose generation and state held while it was checked (a seqlock;\n"
+"nothing is touched, so any policy's pool may ask); None for anything else, on a\n"
+"retired pool, or a platform without the store order this relies on: the caller\n"
+"then asks under the lock.");
+
+static PyObject *present(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "present takes mapping, key_bytes and now");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[2]);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (!UNLOCKED_READS) Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const char *map = view.buf, *key = PyBytes_AS_STRING(args[1]);
+    int64_t key_len = PyBytes_GET_SIZE(args[1]), lo, hi, generation, found = 0;
+    if (view.len >= f->total_bytes && load_acquire(map, f->field[F_RETIRED]) == 0) {
+        key_hash(key, (size_t)key_len, &lo, &hi);
+        for (int attempt = 0; attempt < UNLOCKED_ATTEMPTS && !found; attempt++) {
+            int64_t eid = unlocked_hit(f, map, key, key_len, lo, hi, now, &generation);
+            if (eid < 0) break;
+            found = unchanged(f, map, eid, generation);
+        }
+    }
+    PyBuffer_Release(&view);
+    if (found) Py_RETURN_TRUE;
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(tick_doc,
@@ -615,6 +668,7 @@ static PyMethodDef finder_methods[] = {
     {"copy_into", (PyCFunction)(void (*)(void))copy_into, METH_FASTCALL, copy_into_doc},
     {"read", (PyCFunction)(void (*)(void))read_unlocked, METH_FASTCALL, read_doc},
     {"tick", (PyCFunction)(void (*)(void))py_tick, METH_FASTCALL, tick_doc},
+    {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL, present_doc},
     {NULL, NULL, 0, NULL},
 };
 

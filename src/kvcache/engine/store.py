@@ -138,7 +138,9 @@ class Store:
         self._reserve, self._publish = table.reserve, table.publish
         self._entry_slices, self._free_entry = table.entry_slices, table.free_entry
         self._drop_damaged = table.drop_damaged
-        self._read_unlocked = None if table.fast is None else table.fast.read
+        fast = table.fast
+        self._read_unlocked = None if fast is None else fast.read
+        self._present = None if fast is None else fast.present
         self._page_size = geometry.page_size_bytes
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
@@ -220,9 +222,8 @@ class Store:
                         INLINE_COPY_MAX_BYTES,
                         self.verify_max_bytes,
                     )
-                except (AttributeError, ValueError):  # its views let go of: closed
-                    if self.lock.closed:
-                        raise closed_error(self.name) from None
+                except (AttributeError, ValueError):
+                    self._refuse_if_closed()
                     raise
                 if value is not None:
                     num_bytes = value if into is not None else len(value)
@@ -414,9 +415,23 @@ class Store:
                 self.table.remove(eid)
         return eid >= 0
 
+    def _refuse_if_closed(self) -> None:
+        """After a compiled call without the lock failed on the views: raise
+        ``PoolClosedError`` if that is because the pool was closed (by another thread)."""
+        if self.lock.closed:
+            raise closed_error(self.name) from None
+
     @reports_damage
     def contains(self, key_bytes: bytes) -> bool:
-        """Whether ``key_bytes`` has a live, unexpired entry (no effect on stats or recency)."""
+        """Whether ``key_bytes`` has a live, unexpired entry (no effect on stats or recency):
+        answered without the lock where the compiled check finds it (``kvcache._lookup``)."""
+        if self._present is not None:
+            try:
+                if self._present(self.views.raw, key_bytes, self.clock()):
+                    return True
+            except (AttributeError, ValueError):
+                self._refuse_if_closed()
+                raise
         with self.lock:
             eid = self.table.find_present(key_bytes)
             return (
