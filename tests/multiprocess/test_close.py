@@ -42,13 +42,13 @@ def _calls(pool: kvcache.Pool) -> dict[str, Callable[[], object]]:
     """One of each kind of call that takes the lock."""
     big = np.zeros(200_000, dtype=np.uint8)  # beyond INLINE_COPY_MAX_BYTES: the seqlock path
     return {
-        # a miss: a compiled hit is read without the lock (test_unlocked_reads.py)
+        # misses: a compiled hit is read without the lock (test_unlocked_reads.py)
         "get": lambda: pool.get("absent"),
         "put": lambda: pool.put("new", b"v"),
         "put-large": lambda: pool.put("large", big),
         "get_into": lambda: pool.get_into("absent", bytearray(16)),
         "delete": lambda: pool.delete("k"),
-        "contains": lambda: "k" in pool,
+        "contains": lambda: "absent" in pool,
         "len": lambda: len(pool),
         "stats": pool.stats,
         "entries": pool.entries,
