@@ -421,3 +421,53 @@ def test_a_foreign_geometry_is_refused() -> None:
         assert table.fast.find_hit(memoryview(short), b"small", 0.0, True) == -1
         assert table.fast.copy_value(memoryview(short), 0, 1 << 16, True) is None
         assert table.fast.copy_into(memoryview(short), 0, bytearray(8), 1 << 16, True) is None
+
+
+QUEUE_ENTRY_WORDS = ["probation", "queue_prev", "queue_next", "reads", "last_access", "freq"]
+
+
+@compiled
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data(), policy=st.sampled_from(["s3fifo", "arc", "prefix"]))
+def test_a_damaged_queue_hit_in_c_writes_what_python_writes_or_is_left_to_it(data, policy):
+    """A queue policy's hit on damaged lists: where C takes it (an id, not -1), the Python
+    lookup on the same bytes takes it too, answers the same entry and leaves the segment
+    byte for byte as C left it; elsewhere C wrote nothing."""
+    with damaged_pool(policy) as pool:
+        engine = pool._engine
+        v, fast, raw = engine.views, engine.table.fast, engine.views.raw
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            if data.draw(st.booleans(), label="a queue word"):
+                eid, name = (
+                    data.draw(st.integers(0, 15)),
+                    data.draw(st.sampled_from(QUEUE_ENTRY_WORDS)),
+                )
+                kind = ENTRY_DTYPE.fields[name][0].kind
+                v.entries[name][eid] = word(data, kind, v.entries[name][eid])  # type: ignore[index]
+            elif data.draw(st.booleans(), label="a header word"):
+                name = data.draw(st.sampled_from(QUEUE_WORDS))
+                v.header[name] = word(data, "i", v.header[name])
+            else:
+                damage_c_words(pool, data)
+        now = engine.clock()
+        for key in VALUES:
+            key_bytes, _ = encode_key(key)
+            with engine.lock:
+                before = bytes(raw)
+                eid = fast.find_hit(raw, key_bytes, now, True)
+                if eid < 0:
+                    assert bytes(raw) == before  # declined: nothing written
+                    continue
+                by_c = bytes(raw)
+                raw[:] = before
+                engine.table.fast, engine.table.clock = None, lambda: now
+                try:
+                    assert engine.table.lookup(key_bytes, count=True) == eid
+                finally:
+                    engine.table.fast, engine.table.clock = fast, engine.clock
+                assert bytes(raw) == by_c
