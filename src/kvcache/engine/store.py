@@ -10,7 +10,9 @@ reserves pages and a WRITING entry under the lock, copies without it, and
 publishes under it; a read of such a value records the entry's generation
 under the lock, copies without it, and accepts the copy only if the
 generation is unchanged (a seqlock), retrying otherwise. Smaller values are
-copied under the lock, which is cheaper than locking twice.
+copied under the lock, which is cheaper than locking twice, except a compiled
+get's plain hit, which takes no lock at all (``kvcache._lookup``'s ``read``:
+the same seqlock, in C).
 
 The interface, each call taking the lock itself:
 
