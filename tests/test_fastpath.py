@@ -383,38 +383,14 @@ def test_a_pure_python_process_and_a_compiled_one_share_a_pool() -> None:
 def test_a_foreign_geometry_is_refused() -> None:
     with damaged_pool("lru") as pool:
         g = pool._engine.views.geometry
-        finder = native.Finder
+        half_life = pool._engine.config.lfu_half_life
         with pytest.raises(ValueError):
-            finder(
-                g.entries_offset,
-                g.max_entries,
-                g.index_offset,
-                g.index_slots + 1,
-                g.page_next_offset,
-                g.data_offset,
-                g.num_pages,
-                g.page_size_bytes,
-                g.total_bytes,
-                100,
-                fastpath.HIT_TOUCH,
-                3,
-                fastpath.FIELDS,
+            fastpath.new_finder(
+                replace(g, index_slots=g.index_slots + 1), half_life, fastpath.HIT_TOUCH
             )
         with pytest.raises(ValueError):
-            finder(
-                g.entries_offset,
-                g.max_entries,
-                g.index_offset,
-                g.index_slots,
-                g.page_next_offset,
-                g.data_offset,
-                g.num_pages * 2,
-                g.page_size_bytes,
-                g.total_bytes,
-                100,
-                fastpath.HIT_TOUCH,
-                3,
-                fastpath.FIELDS,
+            fastpath.new_finder(
+                replace(g, num_pages=g.num_pages * 2), half_life, fastpath.HIT_TOUCH
             )
         short = np.zeros(g.total_bytes - 1, np.uint8)
         table = pool._engine.table

@@ -90,30 +90,48 @@ touched and nothing more) or takes the Python path (``hit_finder`` answers None)
 
 
 def hit_finder(geometry: Geometry, config: PoolConfig) -> Any:
-    """A ``Finder`` for a segment of this geometry, or None (not built, forced off, or a
-    geometry past what the C code takes: such a pool is served by the Python path)."""
+    """A ``Finder`` for a segment of this geometry, or None (not built, forced off, a queue
+    policy not in ``HIT_KINDS``, or a geometry past what the C code takes: such a pool is
+    served by the Python path)."""
     if native.Finder is None:
         return None
-    policy = get_policy(config.policy)
-    hit_kind = HIT_KINDS.get(config.policy, HIT_TOUCH if not policy.uses_queues else -1)
-    if hit_kind < 0:
+    if not get_policy(config.policy).uses_queues:
+        hit_kind = HIT_TOUCH
+    elif config.policy in HIT_KINDS:
+        hit_kind = HIT_KINDS[config.policy]
+    else:
         return None
-    g = geometry
     try:
-        return native.Finder(
-            g.entries_offset,
-            g.max_entries,
-            g.index_offset,
-            g.index_slots,
-            g.page_next_offset,
-            g.data_offset,
-            g.num_pages,
-            g.page_size_bytes,
-            g.total_bytes,
-            config.lfu_half_life,
-            hit_kind,
-            MAX_READS,
-            FIELDS,
-        )
+        return new_finder(geometry, config.lfu_half_life, hit_kind)
     except (ValueError, OverflowError):
         return None
+
+
+def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
+    """``kvcache._lookup.Finder`` for ``geometry``; ValueError for one it refuses."""
+    g = geometry
+    return native.Finder(
+        g.entries_offset,
+        g.max_entries,
+        g.index_offset,
+        g.index_slots,
+        g.page_next_offset,
+        g.data_offset,
+        g.num_pages,
+        g.page_size_bytes,
+        g.total_bytes,
+        lfu_half_life,
+        hit_kind,
+        MAX_READS,
+        FIELDS,
+    )
+
+
+def without_lock(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
+    """``finder``'s calls that this pool may make without its lock, as (``read``,
+    ``present``), each None where it would only ever answer None: ``present`` on a platform
+    that reads this way, ``read`` there too where a hit moves no queues."""
+    if finder is None or not native.reads_without_lock:
+        return None, None
+    moves_queues = get_policy(config.policy).uses_queues
+    return (None if moves_queues else finder.read), finder.present

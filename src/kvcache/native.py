@@ -52,6 +52,10 @@ Finder: Any = _compiled("_lookup", "Finder")
 """``kvcache._lookup.Finder``, a get's hit in C (built for one segment by
 ``kvcache.fastpath``); None: not built, or ``KVCACHE_PURE_PYTHON`` is set."""
 
+reads_without_lock: bool = bool(_compiled("_lookup", "UNLOCKED_READS"))
+"""Whether ``Finder.read`` and ``Finder.present`` can answer without the pool's lock on
+this platform (x86-64, see ``kvcache._lookup``); elsewhere they always answer None."""
+
 
 poollock: Any = _module("_poollock")
 """``kvcache._poollock``, the pool lock's futex word (``kvcache.lock``); None: not built,

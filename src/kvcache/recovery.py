@@ -207,6 +207,16 @@ def _clock(parts: Parts, candidates: np.ndarray) -> int:
     return int(values[(values >= 0) & (values < CLOCK_LIMIT)].max(initial=0))
 
 
+def _clock_now(v: Views, survey: _Survey) -> int:
+    """The header's clock as it reads now, taken as the survey's where it is in range and
+    not behind it: compiled readers without the lock tick it while a check runs (and set
+    an entry's last access to the tick after it)."""
+    clock = v.header_q[H.clock]
+    if survey.clock <= clock < CLOCK_LIMIT:
+        survey.clock = clock
+    return clock
+
+
 def _survey_generations(v: Views, survey: _Survey) -> None:
     """Generations that their next bump would overflow restart (every slot: fresh ones too)."""
     generations = v.entries["generation"]
@@ -265,11 +275,7 @@ def _survey_metadata(
     """Range-check the READY entries: mend policy metadata, drop (from ``runs``) the others."""
     ids = np.fromiter(hashes, np.int64, len(hashes))
     records = v.entries[ids]
-    # Compiled readers without the lock tick the clock (then set an entry's last access)
-    # meanwhile: a clock read after the records is at or past each of them.
-    clock = v.header_q[H.clock]
-    if survey.clock <= clock < CLOCK_LIMIT:
-        survey.clock = clock
+    _clock_now(v, survey)  # after the records: at or past each last access they hold
     for fault in ranges.entry_faults(records, survey.clock):
         bad = zip(ids[fault.bad].tolist(), records[fault.field][fault.bad].tolist(), strict=True)
         for eid, value in bad:
@@ -319,14 +325,10 @@ def _survey_header(parts: Parts, survey: _Survey) -> None:
     if not lowest <= fresh <= g.num_pages:
         fresh = min(g.num_pages, max(fresh, lowest))
     survey.fresh_pages = fresh
-    # Each word is read once: compiled readers without the lock tick the clock and the hit
-    # count while this runs, so a second read could differ from the first in range.
-    clock = h[H.clock]
-    wanted = {
-        "clock": clock if survey.clock <= clock < CLOCK_LIMIT else survey.clock,
-        "next_fresh_page": fresh,
-    }
-    seen = {"clock": clock}
+    # Each moving word is read once: compiled readers without the lock tick the clock and
+    # the hit count while this runs, so a second read could differ from the first in range.
+    seen = {"clock": _clock_now(parts.views, survey)}
+    wanted = {"clock": survey.clock, "next_fresh_page": fresh}
     for name in (*COUNTERS, *(f"remote_{name}" for name in REMOTE_COUNTERS)):
         seen[name] = count = h[getattr(H, name)]
         wanted[name] = count if 0 <= count < CLOCK_LIMIT else 0

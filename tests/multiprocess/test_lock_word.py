@@ -12,13 +12,12 @@ import importlib.util
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from workers import deadline, wait_for_line
+from workers import deadline, start_script, wait_for_line
 
 import kvcache
 from kvcache import native
@@ -74,17 +73,7 @@ def _child(
     name: str, command: str, *args: object, pure: bool, wrapper: tuple[str, ...] = ()
 ) -> subprocess.Popen:
     """Run ``CHILD``'s ``command`` on pool ``name``, in the pure-Python engine if ``pure``."""
-    env = dict(os.environ)
-    env.pop("KVCACHE_PURE_PYTHON", None)
-    if pure:
-        env["KVCACHE_PURE_PYTHON"] = "1"
-    return subprocess.Popen(
-        [*wrapper, sys.executable, "-c", CHILD, command, name, str(SPARE), *map(str, args)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    return start_script(CHILD, command, name, SPARE, *args, pure=pure, wrapper=wrapper)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:

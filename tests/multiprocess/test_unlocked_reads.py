@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from workers import Deadlock, deadline, wait_for_line
+from workers import Deadlock, deadline, start_script, wait_for_line
 
 from kvcache import native
 
@@ -104,17 +104,8 @@ elif command == "count":  # get the same keys a number of times
 
 
 def _child(name: str, command: str, size: int, verify: str, *args: object, pure: bool = False):
-    env = dict(os.environ)
-    env.pop("KVCACHE_PURE_PYTHON", None)
-    if pure:
-        env["KVCACHE_PURE_PYTHON"] = "1"
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, command, name, str(size), verify, *map(str, args)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    """Run ``CHILD``'s ``command`` on pool ``name`` (values of ``size``, ``verify`` reads)."""
+    return start_script(CHILD, command, name, size, verify, *args, pure=pure)
 
 
 def _report(proc: subprocess.Popen, timeout: float = 120) -> dict[str, int]:

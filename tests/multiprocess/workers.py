@@ -256,6 +256,24 @@ def hammer(
     return counts
 
 
+def start_script(
+    code: str, *args: object, pure: bool = False, wrapper: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    """Run the Python ``code`` with ``args`` in a child (behind ``wrapper``, e.g. ``unshare``),
+    its standard streams piped, in the pure-Python engine if ``pure``, else the compiled one."""
+    env = dict(os.environ)
+    env.pop("KVCACHE_PURE_PYTHON", None)
+    if pure:
+        env["KVCACHE_PURE_PYTHON"] = "1"
+    return subprocess.Popen(
+        [*wrapper, sys.executable, "-c", code, *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
 def wait_for_line(proc: subprocess.Popen, expected: str, timeout: float) -> None:
     """Read ``proc``'s stdout (a pipe) until the line ``expected``; fail after ``timeout``."""
     fd = proc.stdout.fileno()

@@ -707,5 +707,9 @@ PyMODINIT_FUNC PyInit__lookup(void) {
         Py_DECREF(m);
         return NULL;
     }
+    if (PyModule_AddIntConstant(m, "UNLOCKED_READS", UNLOCKED_READS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

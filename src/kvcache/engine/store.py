@@ -35,7 +35,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .. import durable, recovery, segment, transfer
+from .. import durable, fastpath, recovery, segment, transfer
 from ..allocator import PageAllocator
 from ..config import PoolConfig
 from ..counters import M, MetricsRegion
@@ -140,9 +140,7 @@ class Store:
         self._reserve, self._publish = table.reserve, table.publish
         self._entry_slices, self._free_entry = table.entry_slices, table.free_entry
         self._drop_damaged = table.drop_damaged
-        fast = table.fast
-        self._read_unlocked = None if fast is None else fast.read
-        self._present = None if fast is None else fast.present
+        self._read_unlocked, self._present = fastpath.without_lock(table.fast, config)
         self._page_size = geometry.page_size_bytes
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
