@@ -1,13 +1,15 @@
-"""The compiled get hit (``kvcache.fastpath``, ``kvcache._lookup``) against the Python lookup.
+"""The compiled get hit and small put (``kvcache.fastpath``, ``kvcache._lookup``) against
+the Python engine.
 
-The C code answers a plain hit, a clean miss (ABSENT) and a small value's copy,
-summed against its checksum when the pool verifies reads, and says "not here"
-(-1, None) for anything else, so the Python lookup decides every other miss and
-every damaged word. These tests hold it to that: the same operations (a flipped
-payload byte among them) on a compiled and a pure-Python pool leave the same
-answers and the same segment; words of the index, entry table and page links
-overwritten at random give either the Python path's answer or nothing, never a
-crash; and processes of both engines share one pool.
+The C code answers a plain hit, a clean miss (ABSENT), a small value's copy,
+summed against its checksum when the pool verifies reads, and a small put that
+needs no eviction, and says "not here" (-1, None) for anything else, so the
+Python engine decides every other case and every damaged word. These tests hold
+it to that: the same operations (a flipped payload byte among them) on a
+compiled and a pure-Python pool leave the same answers and the same segment,
+byte for byte; words of the index, entry table, page links and header
+overwritten at random give either the Python path's answer (and segment) or
+nothing, never a crash; and processes of both engines share one pool.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, fastpath, native
 from kvcache.keys import encode_key, key_hash
-from kvcache.layout import ENTRY_DTYPE
+from kvcache.layout import ENTRY_DTYPE, HEADER_DTYPE
 from kvcache.policies import POLICIES
+from kvcache.regret import sample_shift
 from test_segment_damage import VALUES, damaged_pool, word
 
 compiled = pytest.mark.skipif(
@@ -73,7 +76,7 @@ def new_pool(
     if pure:
         # the reference: Table.lookup's Python path only, under the lock
         engine = pool._engine
-        engine.table.fast = engine._read_unlocked = engine._present = None
+        engine.table.fast = engine._read_unlocked = engine._present = engine._put = None
     try:
         yield pool
     finally:
@@ -101,7 +104,7 @@ def test_the_key_hash_in_c_is_the_index_hash(key: bytes) -> None:
     assert _lookup.key_hash(key) == key_hash(key)
 
 
-KEYS = ["a", "b", "ключ", b"\x00raw", "long" * 40]
+KEYS = ["a", "b", "ключ", b"\x00raw", "long" * 40, *(f"k{i}" for i in range(8))]
 OPS = st.lists(
     st.tuples(
         st.sampled_from(
@@ -168,11 +171,19 @@ def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, poli
                     answers.append(key in pool)
             assert answers[0] == answers[1], (op, key)
         assert replace(fast.stats(), name="") == replace(ref.stats(), name="")
-        a, b = fast._engine.views, ref._engine.views
-        assert a.entries.tobytes() == b.entries.tobytes()  # hits touched alike, bit for bit
-        assert a.index.tobytes() == b.index.tobytes()
-        for word in ("clock", "hits", *QUEUE_WORDS):  # queue policies' hits moved alike
-            assert a.header[word] == b.header[word], word
+        assert_same_segment(fast, ref)
+
+
+def assert_same_segment(fast: kvcache.Pool, ref: kvcache.Pool) -> None:
+    """The two pools' segments hold the same words and pages."""
+    a, b = fast._engine.views, ref._engine.views
+    assert a.entries.tobytes() == b.entries.tobytes()  # hits touched alike, bit for bit
+    assert a.index.tobytes() == b.index.tobytes()
+    assert a.live.tobytes() == b.live.tobytes()
+    assert a.page_next.tobytes() == b.page_next.tobytes()
+    assert a.data.tobytes() == b.data.tobytes()
+    for name in a.header.dtype.names:  # the allocator's, the clock, the regret sample...
+        assert np.array_equal(a.header[name], b.header[name]), name
 
 
 @compiled
@@ -447,3 +458,92 @@ def test_a_damaged_queue_hit_in_c_writes_what_python_writes_or_is_left_to_it(dat
                 finally:
                     engine.table.fast, engine.table.clock = fast, engine.clock
                 assert bytes(raw) == by_c
+
+
+PUT_HEADER_WORDS = [
+    "num_free_pages",
+    "free_page_head",
+    "next_fresh_page",
+    "reserved_pages",
+    "used_pages",
+    "free_entry_head",
+    "next_fresh_entry",
+    "num_live",
+    "puts",
+    "next_expiry_at",
+    "clock",
+    "regret_accesses_sum",
+]
+"""The header words a compiled put reads or writes (besides the regret ring)."""
+PUT_ENTRY_WORDS = ["state", "live_pos", "last_page", "num_pages", "first_page", "next_free"]
+
+
+def damage_put_words(pool: kvcache.Pool, data: st.DataObject, sampled: list[bytes]) -> None:
+    """Overwrite one word a put follows or changes, or plant a regret record (damaged or
+    not) for one of the ``sampled`` keys, so that its put counts the regret."""
+    v = pool._engine.views
+    target = data.draw(st.sampled_from(["header", "entry", "live", "regret", "other"]))
+    if target == "header":
+        name = data.draw(st.sampled_from(PUT_HEADER_WORDS))
+        v.header[name] = word(data, HEADER_DTYPE.fields[name][0].kind, v.header[name])  # type: ignore[index]
+    elif target == "entry":
+        eid, name = data.draw(st.integers(0, 15)), data.draw(st.sampled_from(PUT_ENTRY_WORDS))
+        v.entries[name][eid] = word(data, "i", v.entries[name][eid])
+    elif target == "live":
+        at = data.draw(st.integers(0, 15))
+        v.live[at] = word(data, "i", v.live[at])
+    elif target == "regret":
+        ring = v.header["regret_ring"]
+        at = data.draw(st.integers(0, 63)) * 3
+        ring[at] = key_hash(data.draw(st.sampled_from(sampled)))[0] | 1
+        ring[at + 2] = data.draw(st.integers(0, 50) | st.integers(-(2**63), 2**63 - 1))
+        ring[at + 1] = np.float64(data.draw(st.floats())).view(np.int64)
+    else:
+        damage_c_words(pool, data)
+
+
+@compiled
+@settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
+    """A put on damaged words: where C takes it (answers a checksum), the Python put on the
+    same bytes succeeds and leaves the segment byte for byte as C left it; where C declines
+    it wrote nothing."""
+    with damaged_pool("lru") as pool:
+        engine = pool._engine
+        raw, fast_put, now = engine.views.raw, engine._put, engine.clock()
+        mask = (1 << sample_shift(engine.views.geometry.max_entries)) - 1
+        sampled = [k for k in (f"new{i}".encode() for i in range(200)) if not key_hash(k)[1] & mask]
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            damage_put_words(pool, data, sampled[:4])
+        pool._puts_left = 1 << 30  # no latency sample: it writes the metrics region
+        engine.clock = engine.table.clock = lambda: now
+        calls: list[tuple[bytes, object, bytes]] = []
+
+        def recorded(mapping, *args):  # type: ignore[no-untyped-def]
+            before = bytes(mapping)
+            answer = fast_put(mapping, *args)
+            calls.append((before, answer, bytes(mapping)))
+            return answer
+
+        for key in [*VALUES, *sampled[:4]]:
+            size = data.draw(st.sampled_from([0, 1, 1000, 3000]), label="value bytes")
+            value = bytes([size % 251]) * size
+            start = bytes(raw)
+            engine._put = recorded
+            with contextlib.suppress(CorruptPoolError):
+                pool.put(key, value)
+            before, answer, after = calls[-1]
+            if answer is None:
+                assert after == before  # declined: nothing written
+                continue
+            by_c = bytes(raw)
+            raw[:] = start
+            engine._put = None
+            pool.put(key, value)  # Python takes it too: C checked what Python would raise on
+            assert bytes(raw) == by_c

@@ -207,20 +207,21 @@ try:
     g = pool._engine.views.geometry
     segment = np.frombuffer(pool._engine.segment.buffer, np.uint8, g.total_bytes).copy()
     segment[: g.entries_offset].view(np.int64)[H.flock_users] = 0  # read: no flock-only user
+    rng = random.Random(7)
     finders = [  # each kind of hit (the words of arc's lists serve s3fifo's too)
         module.Finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
                       g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
-                      g.total_bytes, 100, hit_kind, 3, fastpath.FIELDS)
+                      g.total_bytes, 100, hit_kind, 3, g.live_offset, rng.choice([0, 3]),
+                      fastpath.FIELDS)
         for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
     ]
-    rng = random.Random(7)
     words = segment[: g.data_offset].view(np.int64)
-    found = 0
+    found = stored = 0
     for _ in range(4000):
         mapping = segment.copy()  # malloc'd whole: a read past its end meets ASAN's redzone
         damaged = mapping[: g.data_offset].view(np.int64)
         for _ in range(rng.randrange(4)):
-            at = rng.randrange(g.entries_offset // 8, len(words))
+            at = rng.randrange(rng.choice([0, g.entries_offset // 8]), len(words))
             damaged[at] = rng.choice([-1, 0, 1, 2, 1 << 62, -(1 << 63), (1 << 63) - 1,
                                       rng.randrange(-1000, 1000), int(damaged[at]) + 1])
         view = memoryview(mapping)
@@ -239,8 +240,12 @@ try:
             target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)
             finders[0].read(view, key_bytes, 0.0, target, 1 << 16, rng.choice([0, 16384]))
             found += finder.present(view, key_bytes, 0.0) is True
+            for put_key in (key_bytes, f"new{rng.randrange(100)}".encode()):  # replace, add
+                payload = np.full(rng.choice([0, 1, 1000, 5000]), 7, np.uint8)  # malloc'd whole
+                stored += finders[0].put(view, put_key, 0, b"", payload, 0, float("inf"), 0.0,
+                                         0, 1) is not None
         finders[0].tick(view, rng.random() < 0.5)
-    assert found > 2000, found
+    assert found > 2000 and stored > 4000, (found, stored)
 finally:
     pool.close()
     kvcache.destroy(name)

@@ -24,6 +24,12 @@ counter and the clock tick atomically (``Table.tick``, which holders of the
 lock use too). Whatever ``read`` answers None for takes the locked path above.
 ``contains`` asks ``present`` first in the same way, in a pool of any policy.
 
+``Store.put_small`` asks ``put`` for a whole put of up to 64 KiB in a pool whose
+policy keeps no queues: reserve, copy and sum, publish, under the lock in one
+call, where the pages and a slot are free and every word it follows is in
+range; it answers None, having written nothing, for anything else (room to
+make, memory to reserve, damage), and ``Pool.put`` then writes the Python way.
+
 The hit touch in C is the one every policy shares (the logical clock, the
 decayed frequency, the access times) and, for the policies that keep queues,
 their hit (``HIT_KINDS``: a read counted, or a move to main's head). Disk pools
@@ -40,6 +46,7 @@ from .config import PoolConfig
 from .layout import ENTRY_WORDS, E, Geometry, H
 from .policies import get_policy
 from .policies.s3fifo import MAX_READS
+from .regret import sample_shift
 
 ABSENT = -2
 """``find_hit``'s answer for a key certainly not in the index: the caller counts the miss."""
@@ -64,6 +71,14 @@ FIELDS = (
     E.queue_prev,
     E.queue_next,
     E.reads,
+    E.last_page,
+    E.priority,
+    E.owner_slot,
+    E.owner_serial,
+    E.created,
+    E.created_at,
+    E.live_pos,
+    E.next_free,
     ENTRY_WORDS,
     H.hits,
     H.clock,
@@ -74,6 +89,21 @@ FIELDS = (
     H.main_head,
     H.main_tail,
     H.num_probation,
+    H.num_free_pages,
+    H.free_page_head,
+    H.next_fresh_page,
+    H.reserved_pages,
+    H.used_pages,
+    H.free_entry_head,
+    H.next_fresh_entry,
+    H.num_live,
+    H.puts,
+    H.next_expiry_at,
+    H.regret_seconds,
+    H.regret_seconds_sum,
+    H.regret_accesses,
+    H.regret_accesses_sum,
+    H.regret_ring,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 
@@ -123,6 +153,8 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
         lfu_half_life,
         hit_kind,
         MAX_READS,
+        g.live_offset,
+        (1 << sample_shift(g.max_entries)) - 1,
         FIELDS,
     )
 
@@ -135,3 +167,11 @@ def without_lock(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
         return None, None
     moves_queues = get_policy(config.policy).uses_queues
     return (None if moves_queues else finder.read), finder.present
+
+
+def compiled_put(finder: Any, config: PoolConfig) -> Any:
+    """``finder``'s ``put``, for a pool whose policy keeps no queues (a queue policy's put
+    admits to its lists and ghosts: Python's); None otherwise."""
+    if finder is None or get_policy(config.policy).uses_queues:
+        return None
+    return finder.put

@@ -115,7 +115,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         self._chain = Chain(engine)
         self._chained = False  # whether a miss or a put goes on to the chain: one test
         # bound once: put and get make one call into the engine, not two
-        self._read, self._write = engine.read, engine.write
+        self._read, self._write, self._put_small = engine.read, engine.write, engine.put_small
         self._max_bytes = engine.max_bytes
         self._tracks_prefixes = engine.table.tree is not None
         self._latency = Latency(sample_every(), engine.add_sample)
@@ -250,10 +250,34 @@ class Pool(abc.MutableMapping[Key, Value]):
         total = len(key_bytes) + len(encoded.header) + encoded.payload.nbytes
         if total > self._max_bytes:
             self._engine.refuse_too_large(total)
-        pieces = (key_bytes, encoded.header, encoded.payload)
         flags |= VALUE_IS_ARRAY if encoded.is_array else 0
-        fields = (flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes)
         under_lock = total <= INLINE_COPY_MAX_BYTES
+        checksum = (  # in one compiled call where it can (a free slot and pages, no queues)
+            self._put_small(key_bytes, flags, encoded.header, encoded.payload, priority, expires_at)
+            if under_lock
+            else None
+        )
+        if checksum is not None and not self._chained:
+            return
+        pieces = (key_bytes, encoded.header, encoded.payload)
+        fields = (flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes)
+        if checksum is None:
+            checksum = self._put_python(
+                pieces, fields, priority, expires_at, under_lock, parent_bytes
+            )
+        if self._chained:
+            self._chain.after_put(key, key_bytes, fields, priority, expires_at, checksum, pieces)
+
+    def _put_python(
+        self,
+        pieces: tuple[bytes, bytes, memoryview],
+        fields: tuple[int, int, int, int],
+        priority: int,
+        expires_at: float,
+        under_lock: bool,
+        parent: bytes | None,
+    ) -> int | None:
+        """``put``'s write where the compiled one left it (or is not built); the checksum."""
         # A small value is summed before the lock is taken, so no lock hold grows by it; a
         # large one is summed as it is copied, without the lock (transfer.scatter_summed).
         checksum = transfer.checksum(pieces, *fields) if under_lock else None
@@ -266,19 +290,19 @@ class Pool(abc.MutableMapping[Key, Value]):
             checksum = transfer.scatter_summed(targets, pieces, fields)
             return checksum
 
+        flags, _, header_len, value_len = fields
         self._write(
-            key_bytes,
+            pieces[0],
             flags,
-            len(encoded.header),
-            encoded.payload.nbytes,
+            header_len,
+            value_len,
             priority,
             expires_at,
             fill,
             under_lock=under_lock,
-            parent=parent_bytes,
+            parent=parent,
         )
-        if self._chained:
-            self._chain.after_put(key, key_bytes, fields, priority, expires_at, checksum, pieces)
+        return checksum
 
     def __setitem__(self, key: Key, value: Value) -> None:
         self.put(key, value)

@@ -23,10 +23,13 @@
  * atomically (tick, also used by holders of the lock). Anything else it leaves to the
  * caller's locked path, as find_hit does.
  *
+ * put (put.c, included below) is a whole small put in pools whose policy keeps no
+ * queues, where it needs no eviction: reserve, copy and sum, publish.
+ *
  * Every word read from the segment is checked before it is used as an offset or an
  * index: an entry id against the entry table, a page against the data region, a key
  * length against the mapping's end. The caller holds the pool's lock around every call
- * but read.
+ * but read and present.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,9 +63,15 @@ enum {
     F_GENERATION, F_STATE, F_HASH_LO, F_HASH_HI, F_KEY_LEN, F_FIRST_PAGE, F_LAST_ACCESS,
     F_ACCESSED_AT, F_FREQ, F_EXPIRES_AT, F_HEADER_LEN, F_VALUE_LEN, F_NUM_PAGES, F_FLAGS,
     F_CHECKSUM, F_PROBATION, F_QUEUE_PREV, F_QUEUE_NEXT, F_READS,
+    F_LAST_PAGE, F_PRIORITY, F_OWNER_SLOT, F_OWNER_SERIAL, F_CREATED, F_CREATED_AT,
+    F_LIVE_POS, F_NEXT_FREE,
     F_ENTRY_WORDS, /* the entry's words; header words follow */
     F_HITS, F_CLOCK, F_RETIRED, F_FLOCK_USERS, F_PROBATION_HEAD, F_PROBATION_TAIL,
-    F_MAIN_HEAD, F_MAIN_TAIL, F_NUM_PROBATION, NUM_FIELDS
+    F_MAIN_HEAD, F_MAIN_TAIL, F_NUM_PROBATION,
+    F_NUM_FREE_PAGES, F_FREE_PAGE_HEAD, F_NEXT_FRESH_PAGE, F_RESERVED_PAGES, F_USED_PAGES,
+    F_FREE_ENTRY_HEAD, F_NEXT_FRESH_ENTRY, F_NUM_LIVE, F_PUTS, F_NEXT_EXPIRY_AT,
+    F_REGRET_SECONDS, F_REGRET_SECONDS_SUM, F_REGRET_ACCESSES, F_REGRET_ACCESSES_SUM,
+    F_REGRET_RING, NUM_FIELDS
 };
 
 /* What a hit does to a queue policy's lists (kvcache.fastpath.HIT_KINDS). */
@@ -84,6 +93,7 @@ typedef struct {
     PyObject_HEAD
     int64_t entries_offset, max_entries, index_offset, index_slots, page_next_offset;
     int64_t data_offset, num_pages, page_size, total_bytes, half_life, hit_kind, max_reads;
+    int64_t live_offset, regret_mask;
     int64_t field[NUM_FIELDS];
 } Finder;
 
@@ -613,16 +623,19 @@ static PyObject *py_key_hash(PyObject *module, PyObject *key) {
     return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
 }
 
+#include "put.c"
+
 static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
     PyObject *fields;
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "Finder takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
+    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
                           &f->index_offset, &f->index_slots, &f->page_next_offset,
                           &f->data_offset, &f->num_pages, &f->page_size, &f->total_bytes,
-                          &f->half_life, &f->hit_kind, &f->max_reads, &PyTuple_Type, &fields))
+                          &f->half_life, &f->hit_kind, &f->max_reads, &f->live_offset,
+                          &f->regret_mask, &PyTuple_Type, &fields))
         return -1;
     if (PyTuple_GET_SIZE(fields) != NUM_FIELDS) {
         PyErr_Format(PyExc_ValueError, "Finder needs %d field word indices", NUM_FIELDS);
@@ -644,6 +657,9 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
              f->max_reads >= 0 && f->max_reads < limit;
     for (int i = 0; ok && i < F_ENTRY_WORDS; i++) ok = w[i] >= 0 && w[i] < w[F_ENTRY_WORDS];
     for (int i = F_HITS; ok && i < NUM_FIELDS; i++) ok = w[i] >= 0 && w[i] < 512; /* header */
+    ok = ok && w[F_REGRET_RING] + REGRET_RECORDS * REGRET_RECORD_WORDS <= 512 &&
+         w[F_REGRET_SECONDS] + SECONDS_BOUNDS < 512 && w[F_REGRET_ACCESSES] + ACCESS_BOUNDS < 512 &&
+         f->regret_mask >= 0 && f->regret_mask < limit;
     ok = ok && (f->entries_offset | f->index_offset | f->page_next_offset | f->data_offset) % 8 == 0;
     int64_t data_bytes = 0, entry_bytes = 0;
     ok = ok && !__builtin_mul_overflow(f->num_pages, f->page_size, &data_bytes) &&
@@ -654,6 +670,8 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
          f->index_offset + f->index_slots * 8 <= f->total_bytes &&
          f->page_next_offset >= 0 && f->page_next_offset < limit &&
          f->page_next_offset + f->num_pages * 8 <= f->total_bytes &&
+         f->live_offset >= 0 && f->live_offset < limit && f->live_offset % 8 == 0 &&
+         f->live_offset + f->max_entries * 8 <= f->total_bytes &&
          data_bytes <= f->total_bytes - f->data_offset;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "Finder: inconsistent geometry");
@@ -669,6 +687,7 @@ static PyMethodDef finder_methods[] = {
     {"read", (PyCFunction)(void (*)(void))read_unlocked, METH_FASTCALL, read_doc},
     {"tick", (PyCFunction)(void (*)(void))py_tick, METH_FASTCALL, tick_doc},
     {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL, present_doc},
+    {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL, put_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -679,9 +698,9 @@ static PyTypeObject FinderType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = PyDoc_STR("Finder(entries_offset, max_entries, index_offset, index_slots, "
                         "page_next_offset, data_offset, num_pages, page_size, total_bytes, "
-                        "lfu_half_life, hit_kind, max_reads, fields): one segment's "
-                        "geometry and its policy's hit, for find_hit, "
-                        "copy_value and copy_into."),
+                        "lfu_half_life, hit_kind, max_reads, live_offset, regret_mask, "
+                        "fields): one segment's geometry and its policy's hit, for the "
+                        "gets' calls and put."),
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)finder_init,
     .tp_methods = finder_methods,

@@ -16,8 +16,9 @@ the same seqlock, in C).
 
 The interface, each call taking the lock itself:
 
-- values: ``write`` (reserve, fill, publish), ``read`` (look up and copy
-  out), ``delete``, ``contains``;
+- values: ``write`` (reserve, fill, publish), ``put_small`` (the same in one
+  compiled call, where it can), ``read`` (look up and copy out), ``delete``,
+  ``contains``;
 - crash repair: ``repair`` (the lock calls it when a holder died mid-change).
 
 ``kvcache.engine.whole`` moves whole entries in and out of a store (snapshots
@@ -141,6 +142,7 @@ class Store:
         self._entry_slices, self._free_entry = table.entry_slices, table.free_entry
         self._drop_damaged = table.drop_damaged
         self._read_unlocked, self._present = fastpath.without_lock(table.fast, config)
+        self._put = fastpath.compiled_put(table.fast, config)
         self._page_size = geometry.page_size_bytes
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
@@ -367,6 +369,46 @@ class Store:
             raise
         except DAMAGE_SIGNS as exc:  # inline, not @reports_damage: see raise_as_damage
             raise_as_damage(self.name, exc)
+
+    def put_small(
+        self,
+        key_bytes: bytes,
+        flags: int,
+        header: bytes,
+        payload: memoryview,
+        priority: int,
+        expires_at: float,
+    ) -> int | None:
+        """A fresh put of up to ``INLINE_COPY_MAX_BYTES`` in one compiled call under the lock
+        (``kvcache._lookup``'s ``put``): the checksum it published, or None where it left the
+        put to ``write`` (room to make, memory to reserve, a queue policy, damage), having
+        written nothing."""
+        put = self._put
+        if put is None or self.slot < 0:
+            return None
+        if self.spill is not None:
+            total = len(key_bytes) + len(header) + len(payload)
+            self.spill(-(-total // self._page_size))
+        try:
+            with self.lock:
+                checksum: int | None = put(
+                    self.views.raw,
+                    key_bytes,
+                    flags,
+                    header,
+                    payload,
+                    priority,
+                    expires_at,
+                    self.clock(),
+                    self.slot,
+                    self.serial,
+                )
+        except (AttributeError, ValueError):
+            self._refuse_if_closed()
+            raise
+        if checksum is not None:
+            self.bytes_in += len(payload)
+        return checksum
 
     def _finish(
         self,

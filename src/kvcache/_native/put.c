@@ -1,0 +1,395 @@
+/* A small put in C: kvcache.engine.table.Table.reserve, the copy of the entry's bytes
+ * (summed in the same pass) and Table.publish, in one call under the pool's lock.
+ *
+ * Part of kvcache._lookup (lookup.c includes it: one translation unit, so xxhash's
+ * dispatch is compiled in once). It serves pools whose policy keeps no queues, and
+ * only puts that Python would serve without evicting, reserving memory or judging
+ * damage: the pages and an entry slot are free now, the fresh pages it takes are
+ * backed already, and every word it will follow or change is in range. It checks all
+ * of that first (``plan``), changing nothing, and answers None where anything is off:
+ * Python's put then runs, and evicts, grows the pool or raises CorruptPoolError as
+ * before. Otherwise (``apply``) it writes what Python writes, store for store in the
+ * same order (a differential test compares the two engines' segments byte for byte).
+ *
+ * Readers without the lock may look at the index and the entries meanwhile: the
+ * words that publish an entry or retire one (its state, its generation, its index
+ * slot) are release stores, so the entry's bytes and fields are written before it can
+ * be found, as Python's stores are ordered on x86-64.
+ */
+
+#define FREE 0    /* kvcache.layout's entry states */
+#define WRITING 1
+#define NO_PAGE (-1)
+#define REGRET_RECORDS 64      /* kvcache.regret.NUM_RECORDS */
+#define REGRET_RECORD_WORDS 3  /* key hash | 1, evicted at (seconds), evicted at (clock) */
+#define SECONDS_BOUNDS 24      /* 2**-4 .. 2**19 seconds, then +Inf */
+#define ACCESS_BOUNDS 31       /* 1 .. 2**30 accesses, then +Inf */
+
+static void store_release(char *base, int64_t word, int64_t value) {
+    __atomic_store_n((int64_t *)(void *)(base + word * 8), value, __ATOMIC_RELEASE);
+}
+
+/* What a put will do, worked out before anything is written. */
+typedef struct {
+    int64_t lo, hi, num_pages, old, eid, from_free, from_fresh, free_last, regret;
+} Plan;
+
+/* RegretSample.request's record for a new key (its ring word), -1 where the key is not
+ * sampled or not in the ring; 0 for words the request would add to out of range. */
+static int regret_record(const Finder *f, const char *map, const Plan *p, int64_t *record) {
+    const int64_t *w = f->field;
+    *record = -1;
+    if (p->hi & f->regret_mask) return 1;
+    for (int64_t i = 0; i < REGRET_RECORDS; i++) {
+        int64_t base = w[F_REGRET_RING] + i * REGRET_RECORD_WORDS;
+        if (load(map, base) == (p->lo | 1)) {
+            *record = base;
+            break;
+        }
+    }
+    if (*record < 0) return 1;
+    int64_t clock = load(map, w[F_CLOCK]), evicted = load(map, *record + 2);
+    int64_t sum = load(map, w[F_REGRET_ACCESSES_SUM]);
+    if (clock < 0 || clock >= CLOCK_LIMIT || evicted < 0 || evicted >= CLOCK_LIMIT || sum < 0 ||
+        sum >= CLOCK_LIMIT)
+        return 0;
+    for (int64_t i = 0; i <= SECONDS_BOUNDS; i++) {
+        int64_t count = load(map, w[F_REGRET_SECONDS] + i);
+        if (count < 0 || count >= CLOCK_LIMIT) return 0;
+    }
+    for (int64_t i = 0; i <= ACCESS_BOUNDS; i++) {
+        int64_t count = load(map, w[F_REGRET_ACCESSES] + i);
+        if (count < 0 || count >= CLOCK_LIMIT) return 0;
+    }
+    return 1;
+}
+
+/* Whether Python's HashIndex.remove of ``eid`` from home slot ``lo & mask`` finds it and
+ * an empty slot after it, reading only ids in range (else it could raise or wander). */
+static int removable(const Finder *f, const char *map, int64_t eid, int64_t lo) {
+    const char *index = map + f->index_offset;
+    int64_t mask = f->index_slots - 1, hole = lo & mask, probes = 0;
+    for (; load(index, hole) != eid + 1; hole = (hole + 1) & mask)
+        if (!load(index, hole) || ++probes >= f->index_slots) return 0;
+    for (int64_t probe = (hole + 1) & mask; probe != hole; probe = (probe + 1) & mask) {
+        int64_t value = load(index, probe);
+        if (!value) return 1;
+        if (value < 1 || value > f->max_entries) return 0;
+    }
+    return 0;
+}
+
+/* Whether Table.remove of entry ``old`` (not in a queue or tree) reads only words in
+ * range: its index slot, its place in the live list, its page chain's ends; and whether
+ * it is READY, as an indexed entry is. */
+static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
+    const int64_t *w = f->field, n = f->max_entries;
+    const char *entry = entry_at(f, map, old), *live = map + f->live_offset;
+    int64_t pos = load(entry, w[F_LIVE_POS]), num_live = load(map, w[F_NUM_LIVE]);
+    if (!(0 <= pos && pos < num_live && num_live <= n) || load(live, pos) != old ||
+        load(entry, w[F_GENERATION]) == INT64_MAX) /* release's bump would overflow */
+        return 0;
+    int64_t last = num_live - 1;
+    int64_t moved = load(live, last), first = load(entry, w[F_FIRST_PAGE]);
+    int64_t end = load(entry, w[F_LAST_PAGE]), pages = load(entry, w[F_NUM_PAGES]);
+    return load(entry, w[F_STATE]) == READY && moved >= 0 && moved < n && first >= 0 && first < f->num_pages && end >= 0 &&
+           end < f->num_pages && pages > 0 && pages <= f->num_pages &&
+           removable(f, map, old, lo);
+}
+
+/* Whether the chain of the planned pages, as PageAllocator.allocate will link it, holds
+ * ``num_pages`` pages in the pool (PageAllocator.runs, which Python's put walks next, raises
+ * otherwise: a damaged free list may loop back on the page whose link allocate ends). */
+static int chain_ok(const Finder *f, const char *map, const Plan *p) {
+    const char *links = map + f->page_next_offset;
+    int64_t start = load(map, f->field[F_NEXT_FRESH_PAGE]), end = start + p->from_fresh;
+    int64_t page = p->from_free ? load(map, f->field[F_FREE_PAGE_HEAD]) : start;
+    for (int64_t i = 0; i < p->num_pages; i++) {
+        if (page < 0 || page >= f->num_pages) return 0;
+        if (p->from_fresh && page == end - 1) page = NO_PAGE;
+        else if (p->from_free && page == p->free_last) page = p->from_fresh ? start : NO_PAGE;
+        else if (p->from_fresh && page >= start && page < end - 1) page += 1;
+        else page = load(links, page);
+    }
+    return 1;
+}
+
+/* Everything Python's put would check or could fail on, checked; 0 where Python must
+ * do it (room to make, memory to reserve, a sampled key's regret, any word out of
+ * range). */
+static int plan(const Finder *f, const char *map, int64_t key_len, int64_t total, Plan *p) {
+    const int64_t *w = f->field, n = f->max_entries, pages = f->num_pages;
+    p->num_pages = (total + f->page_size - 1) / f->page_size;
+    p->old = probe(f, map, p->lo, p->hi);
+    if (p->old == NOT_HERE || key_len <= 0 || p->num_pages > pages) return 0;
+    if (p->old == ABSENT) {
+        p->old = -1;
+        if (!regret_record(f, map, p, &p->regret)) return 0;
+    } else {
+        p->regret = -1;
+        if (!old_ok(f, map, p->old, p->lo)) return 0;
+    }
+    /* make_room: nothing to evict (PageAllocator.num_available, EntryTable.has_free_slot) */
+    int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), fresh = load(map, w[F_NEXT_FRESH_PAGE]);
+    int64_t reserved = load(map, w[F_RESERVED_PAGES]), used = load(map, w[F_USED_PAGES]);
+    if (num_free < 0 || num_free > pages || fresh < 0 || fresh > pages ||
+        num_free + pages - fresh < p->num_pages || used < 0 || used > pages)
+        return 0;
+    /* EntryTable.claim */
+    int64_t head = load(map, w[F_FREE_ENTRY_HEAD]), next_entry = load(map, w[F_NEXT_FRESH_ENTRY]);
+    if (head) {
+        if (head < 1 || head > n) return 0;
+        p->eid = head - 1;
+    } else if (next_entry >= 0 && next_entry < n) {
+        p->eid = next_entry;
+    } else {
+        return 0;
+    }
+    /* A FREE slot (Python checks that only on the free chain): a READY one, or the old
+     * entry itself, would be overwritten; and its generation takes two bumps. */
+    const char *claimed = entry_at(f, map, p->eid);
+    if (load(claimed, w[F_STATE]) != FREE || load(claimed, w[F_GENERATION]) >= INT64_MAX - 1)
+        return 0;
+    /* PageAllocator.allocate, without reserving memory (_reserve_fresh) */
+    p->from_free = p->num_pages < num_free ? p->num_pages : num_free;
+    p->from_fresh = p->num_pages - p->from_free;
+    if (fresh > pages - p->from_fresh || reserved < 0 || reserved > pages ||
+        (p->from_fresh && fresh + p->from_fresh > reserved))
+        return 0;
+    p->free_last = NO_PAGE;
+    if (p->from_free) {
+        const char *links = map + f->page_next_offset;
+        int64_t page = load(map, w[F_FREE_PAGE_HEAD]);
+        for (int64_t i = 0; i < p->from_free; i++) {
+            if (page < 0 || page >= pages) return 0;
+            p->free_last = page;
+            if (i + 1 < p->from_free) page = load(links, page);
+        }
+    }
+    if (!chain_ok(f, map, p)) return 0;
+    /* publish: the live list's count and the clock, which a tick below may not pass */
+    int64_t num_live = load(map, w[F_NUM_LIVE]);
+    int64_t clock = load(map, w[F_CLOCK]), puts = load(map, w[F_PUTS]);
+    return num_live >= (p->old >= 0) && num_live - (p->old >= 0) < n && clock >= 0 && clock < CLOCK_LIMIT - n &&
+           puts >= 0 && puts < CLOCK_LIMIT;
+}
+
+/* RegretSample.request for the record found by regret_record. */
+static void regret_request(const Finder *f, char *map, int64_t record, double now) {
+    const int64_t *w = f->field;
+    double seconds = now - load_double(map, record + 1);
+    seconds = seconds > 0.0 ? seconds : 0.0; /* Python's max(0.0, x), NaN included */
+    int64_t accesses = load(map, w[F_CLOCK]) - load(map, record + 2);
+    accesses = accesses > 0 ? accesses : 0;
+    int seconds_bucket = 0, access_bucket = 0; /* the first bound >= the value */
+    while (seconds_bucket < SECONDS_BOUNDS && ldexp(1.0, seconds_bucket - 4) < seconds)
+        seconds_bucket++;
+    while (access_bucket < ACCESS_BOUNDS && (INT64_C(1) << access_bucket) < accesses)
+        access_bucket++;
+    store(map, record, 0);
+    int64_t word = w[F_REGRET_SECONDS] + seconds_bucket;
+    store(map, word, load(map, word) + 1);
+    store_double(map, w[F_REGRET_SECONDS_SUM], load_double(map, w[F_REGRET_SECONDS_SUM]) + seconds);
+    word = w[F_REGRET_ACCESSES] + access_bucket;
+    store(map, word, load(map, word) + 1);
+    store(map, w[F_REGRET_ACCESSES_SUM], load(map, w[F_REGRET_ACCESSES_SUM]) + accesses);
+}
+
+/* PageAllocator.allocate of the planned pages; the chain's first page (and its last). */
+static int64_t allocate(const Finder *f, char *map, const Plan *p, int64_t *last_page) {
+    const int64_t *w = f->field;
+    char *links = map + f->page_next_offset;
+    int64_t first = NO_PAGE, last = NO_PAGE;
+    if (p->from_free) {
+        first = load(map, w[F_FREE_PAGE_HEAD]);
+        last = p->free_last;
+        store(map, w[F_FREE_PAGE_HEAD], load(links, last));
+        store(map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) - p->from_free);
+    }
+    if (p->from_fresh) {
+        int64_t start = load(map, w[F_NEXT_FRESH_PAGE]), end = start + p->from_fresh;
+        for (int64_t page = start; page < end - 1; page++) store(links, page, page + 1);
+        if (first == NO_PAGE) first = start;
+        else store(links, last, start);
+        last = end - 1;
+        store(map, w[F_NEXT_FRESH_PAGE], end);
+    }
+    store(links, last, NO_PAGE);
+    store(map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) + p->num_pages);
+    *last_page = last;
+    return first;
+}
+
+/* Copy ``pieces`` back to back into the chain of pages from ``first`` (allocated just
+ * now: every link in range), summing each stretch in ``state`` before copying it. */
+static void scatter(const Finder *f, char *map, int64_t first, const Py_buffer *pieces,
+                    int count, XXH3_state_t *state) {
+    const char *links = map + f->page_next_offset;
+    char *data = map + f->data_offset;
+    int64_t page = first, filled = 0;
+    for (int i = 0; i < count; i++) {
+        const char *from = pieces[i].buf;
+        int64_t left = pieces[i].len;
+        while (left > 0) {
+            if (filled == f->page_size) {
+                page = load(links, page);
+                filled = 0;
+            }
+            int64_t step = f->page_size - filled < left ? f->page_size - filled : left;
+            step = step < STRETCH ? step : STRETCH;
+            XXH3_64bits_update(state, from, (size_t)step);
+            memcpy(data + page * f->page_size + filled, from, (size_t)step);
+            from += step;
+            filled += step;
+            left -= step;
+        }
+    }
+}
+
+/* Table.remove of ``old`` (Table._unindex): HashIndex.remove, EntryTable.remove_live,
+ * PageAllocator.free, EntryTable.release. */
+static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
+    const int64_t *w = f->field, mask = f->index_slots - 1;
+    char *index = map + f->index_offset, *live = map + f->live_offset;
+    char *entry = entry_at(f, map, old);
+    int64_t hole = lo & mask;
+    while (load(index, hole) != old + 1) hole = (hole + 1) & mask;
+    for (int64_t probe = (hole + 1) & mask;; probe = (probe + 1) & mask) {
+        int64_t value = load(index, probe);
+        if (!value) break;
+        int64_t home = load(entry_at(f, map, value - 1), w[F_HASH_LO]) & mask;
+        /* the member at probe may move to hole unless its home lies in (hole, probe] */
+        if (((probe - home) & mask) >= ((probe - hole) & mask)) {
+            store_release(index, hole, value);
+            hole = probe;
+        }
+    }
+    store_release(index, hole, 0);
+    int64_t pos = load(entry, w[F_LIVE_POS]), last = load(map, w[F_NUM_LIVE]) - 1;
+    int64_t moved = load(live, last);
+    store(live, pos, moved);
+    store(entry_at(f, map, moved), w[F_LIVE_POS], pos);
+    store(map, w[F_NUM_LIVE], last);
+    int64_t pages = load(entry, w[F_NUM_PAGES]);
+    store(map + f->page_next_offset, load(entry, w[F_LAST_PAGE]), load(map, w[F_FREE_PAGE_HEAD]));
+    store(map, w[F_FREE_PAGE_HEAD], load(entry, w[F_FIRST_PAGE]));
+    store(map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) + pages);
+    store(map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) - pages);
+    store_release(entry, w[F_STATE], FREE);
+    store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
+    store(entry, w[F_NEXT_FREE], load(map, w[F_FREE_ENTRY_HEAD]));
+    store(map, w[F_FREE_ENTRY_HEAD], old + 1);
+}
+
+/* The planned put, written as Python writes it: reserve, fill, publish. */
+static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer *pieces,
+                      int64_t flags, int64_t priority, double expires_at, double now,
+                      int64_t owner_slot, int64_t owner_serial) {
+    const int64_t *w = f->field, eid = p->eid;
+    char *entry = entry_at(f, map, eid);
+    if (p->regret >= 0) regret_request(f, map, p->regret, now);
+    int64_t last;
+    int64_t first = allocate(f, map, p, &last);
+    if (load(map, w[F_FREE_ENTRY_HEAD])) store(map, w[F_FREE_ENTRY_HEAD], load(entry, w[F_NEXT_FREE]));
+    else store(map, w[F_NEXT_FRESH_ENTRY], eid + 1);
+    store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
+    int64_t fields[4] = {flags, pieces[0].len, pieces[1].len, pieces[2].len};
+    store(entry, w[F_FLAGS], flags);
+    store(entry, w[F_HASH_LO], p->lo);
+    store(entry, w[F_HASH_HI], p->hi);
+    store(entry, w[F_KEY_LEN], fields[1]);
+    store(entry, w[F_HEADER_LEN], fields[2]);
+    store(entry, w[F_VALUE_LEN], fields[3]);
+    store(entry, w[F_FIRST_PAGE], first);
+    store(entry, w[F_LAST_PAGE], last);
+    store(entry, w[F_NUM_PAGES], p->num_pages);
+    store(entry, w[F_PRIORITY], priority);
+    store(entry, w[F_PROBATION], 0);
+    store(entry, w[F_QUEUE_PREV], 0);
+    store(entry, w[F_QUEUE_NEXT], 0);
+    store(entry, w[F_READS], 0);
+    store_double(entry, w[F_FREQ], 1.0);
+    store_double(entry, w[F_EXPIRES_AT], expires_at);
+    store(entry, w[F_OWNER_SLOT], owner_slot);
+    store(entry, w[F_OWNER_SERIAL], owner_serial);
+    store_release(entry, w[F_STATE], WRITING);
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    XXH3_64bits_update(&state, fields, sizeof fields);
+    scatter(f, map, first, pieces, 3, &state);
+    uint64_t checksum = XXH3_64bits_digest(&state);
+    store(entry, w[F_CHECKSUM], (int64_t)checksum);
+    if (p->old >= 0) remove_old(f, map, p->old, p->lo);
+    int64_t clock = tick(f, map, 0);
+    if (clock < 0) { /* Table.tick's Python fallback: the plan kept the clock in range */
+        clock = load(map, w[F_CLOCK]) + 1;
+        store(map, w[F_CLOCK], clock);
+    }
+    store(entry, w[F_CREATED], clock);
+    store(entry, w[F_LAST_ACCESS], clock);
+    store_double(entry, w[F_CREATED_AT], now);
+    store_double(entry, w[F_ACCESSED_AT], now);
+    store_release(entry, w[F_STATE], READY);
+    store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
+    const int64_t mask = f->index_slots - 1; /* HashIndex.insert: the plan saw an empty slot */
+    char *index = map + f->index_offset;
+    int64_t slot = p->lo & mask;
+    while (load(index, slot)) slot = (slot + 1) & mask;
+    store_release(index, slot, eid + 1);
+    int64_t pos = load(map, w[F_NUM_LIVE]); /* EntryTable.add_live */
+    store(map + f->live_offset, pos, eid);
+    store(entry, w[F_LIVE_POS], pos);
+    store(map, w[F_NUM_LIVE], pos + 1);
+    store(map, w[F_PUTS], load(map, w[F_PUTS]) + 1);
+    if (expires_at < load_double(map, w[F_NEXT_EXPIRY_AT]))
+        store_double(map, w[F_NEXT_EXPIRY_AT], expires_at);
+    return checksum;
+}
+
+PyDoc_STRVAR(put_doc,
+"put(mapping, key_bytes, flags, header, payload, priority, expires_at, now, owner_slot,\n"
+"    owner_serial) -> int | None\n\n"
+"Store a new entry of ``key_bytes`` (codec ``header`` and ``payload``, buffers) in one\n"
+"go, replacing the key's entry if there is one, and answer its checksum (summed while\n"
+"its bytes were copied); None, having changed nothing, where the put needs anything\n"
+"but free pages and a free slot (eviction, memory to reserve) or meets a word out of\n"
+"range: the caller then puts the Python way, which decides. For pools whose policy\n"
+"keeps no queues; the caller holds the pool's lock.");
+
+static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "put takes mapping, key_bytes, flags, header, payload, "
+                                         "priority, expires_at, now, owner_slot, owner_serial");
+        return NULL;
+    }
+    int64_t flags = PyLong_AsLongLong(args[2]), priority = PyLong_AsLongLong(args[5]);
+    int64_t owner_slot = PyLong_AsLongLong(args[8]), owner_serial = PyLong_AsLongLong(args[9]);
+    double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view, pieces[3] = {{0}};
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    PyObject *result = NULL;
+    int held = 0;
+    if (PyObject_GetBuffer(args[1], &pieces[0], PyBUF_SIMPLE) < 0) goto done;
+    held = 1;
+    if (PyObject_GetBuffer(args[3], &pieces[1], PyBUF_SIMPLE) < 0) goto done;
+    held = 2;
+    if (PyObject_GetBuffer(args[4], &pieces[2], PyBUF_SIMPLE) < 0) goto done;
+    held = 3;
+    int64_t total = pieces[0].len + pieces[1].len + pieces[2].len;
+    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && total <= f->total_bytes) {
+        Plan p;
+        char *map = view.buf;
+        key_hash(pieces[0].buf, (size_t)pieces[0].len, &p.lo, &p.hi);
+        if (plan(f, map, pieces[0].len, total, &p))
+            result = PyLong_FromUnsignedLongLong(
+                apply(f, map, &p, pieces, flags, priority, expires_at, now, owner_slot,
+                      owner_serial));
+    }
+done:
+    for (int i = 0; i < held; i++) PyBuffer_Release(&pieces[i]);
+    PyBuffer_Release(&view);
+    if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+    return result;
+}
