@@ -547,3 +547,37 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
             engine._put = None
             pool.put(key, value)  # Python takes it too: C checked what Python would raise on
             assert bytes(raw) == by_c
+
+
+@compiled
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data) -> None:
+    """``evict`` of each entry of a damaged pool: where C takes it, Python's ``evict_one`` on
+    the same bytes succeeds and leaves the same segment; where C declines it wrote nothing."""
+    with damaged_pool("lru") as pool:
+        engine = pool._engine
+        raw, evictor, now = engine.views.raw, engine.evictor, engine.clock()
+        evict = evictor._evict
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            damage_put_words(pool, data, [b"small"])
+        evictor._clock = lambda: now
+        for eid in range(-1, 17):
+            with engine.lock:
+                before = bytes(raw)
+                if not evict(raw, eid, now):
+                    assert bytes(raw) == before
+                    continue
+                by_c = bytes(raw)
+                raw[:] = before
+                evictor._evict = None
+                try:
+                    assert evictor.evict_one(eid) == 1
+                finally:
+                    evictor._evict = evict
+                assert bytes(raw) == by_c

@@ -216,7 +216,7 @@ try:
         for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
     ]
     words = segment[: g.data_offset].view(np.int64)
-    found = stored = 0
+    found = stored = evicted = 0
     for _ in range(4000):
         mapping = segment.copy()  # malloc'd whole: a read past its end meets ASAN's redzone
         damaged = mapping[: g.data_offset].view(np.int64)
@@ -245,7 +245,8 @@ try:
                 stored += finders[0].put(view, put_key, 0, b"", payload, 0, float("inf"), 0.0,
                                          0, 1) is not None
         finders[0].tick(view, rng.random() < 0.5)
-    assert found > 2000 and stored > 4000, (found, stored)
+        evicted += finders[0].evict(view, rng.randrange(-2, g.max_entries + 2), 0.0) is True
+    assert found > 2000 and stored > 4000 and evicted > 100, (found, stored, evicted)
 finally:
     pool.close()
     kvcache.destroy(name)

@@ -104,6 +104,9 @@ FIELDS = (
     H.regret_accesses,
     H.regret_accesses_sum,
     H.regret_ring,
+    H.regret_next,
+    H.regret_unrequested,
+    H.evictions,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 
@@ -169,9 +172,10 @@ def without_lock(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
     return (None if moves_queues else finder.read), finder.present
 
 
-def compiled_put(finder: Any, config: PoolConfig) -> Any:
-    """``finder``'s ``put``, for a pool whose policy keeps no queues (a queue policy's put
-    admits to its lists and ghosts: Python's); None otherwise."""
+def compiled_writes(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
+    """``finder``'s ``put`` and ``evict``, for a pool whose policy keeps no queues (a queue
+    policy's put admits to its lists and ghosts, and its eviction leaves a ghost: Python's);
+    (None, None) otherwise."""
     if finder is None or get_policy(config.policy).uses_queues:
-        return None
-    return finder.put
+        return None, None
+    return finder.put, finder.evict

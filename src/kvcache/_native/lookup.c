@@ -71,7 +71,7 @@ enum {
     F_NUM_FREE_PAGES, F_FREE_PAGE_HEAD, F_NEXT_FRESH_PAGE, F_RESERVED_PAGES, F_USED_PAGES,
     F_FREE_ENTRY_HEAD, F_NEXT_FRESH_ENTRY, F_NUM_LIVE, F_PUTS, F_NEXT_EXPIRY_AT,
     F_REGRET_SECONDS, F_REGRET_SECONDS_SUM, F_REGRET_ACCESSES, F_REGRET_ACCESSES_SUM,
-    F_REGRET_RING, NUM_FIELDS
+    F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, NUM_FIELDS
 };
 
 /* What a hit does to a queue policy's lists (kvcache.fastpath.HIT_KINDS). */
@@ -368,12 +368,12 @@ static const char *readable(const Finder *f, const char *map, int64_t eid, int64
     int64_t key_len = load(entry, w[F_KEY_LEN]), header_len = load(entry, w[F_HEADER_LEN]);
     *length = load(entry, w[F_VALUE_LEN]);
     *num_pages = load(entry, w[F_NUM_PAGES]);
-    *start = key_len + header_len;
     if (load(entry, w[F_STATE]) != READY || header_len < 0 || (header_len && !headers) ||
         key_len <= 0 || key_len > pool_bytes || header_len > pool_bytes || *length < 0 ||
         *length > max_bytes || *length > pool_bytes || *num_pages <= 0 ||
         *num_pages > f->num_pages)
         return NULL;
+    *start = key_len + header_len; /* each checked first: no overflow */
     return entry;
 }
 
@@ -580,7 +580,9 @@ static PyObject *present(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         key_hash(key, (size_t)key_len, &lo, &hi);
         for (int attempt = 0; attempt < UNLOCKED_ATTEMPTS && !found; attempt++) {
             int64_t eid = unlocked_hit(f, map, key, key_len, lo, hi, now, &generation);
-            if (eid < 0) break;
+            /* Store.contains's own test of the expiry: an unreadable one (NaN) is not live */
+            if (eid < 0 || !(load_double(entry_at(f, map, eid), f->field[F_EXPIRES_AT]) > now))
+                break;
             found = unchanged(f, map, eid, generation);
         }
     }
@@ -688,6 +690,7 @@ static PyMethodDef finder_methods[] = {
     {"tick", (PyCFunction)(void (*)(void))py_tick, METH_FASTCALL, tick_doc},
     {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL, present_doc},
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL, put_doc},
+    {"evict", (PyCFunction)(void (*)(void))evict, METH_FASTCALL, evict_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
 /* A small put in C: kvcache.engine.table.Table.reserve, the copy of the entry's bytes
- * (summed in the same pass) and Table.publish, in one call under the pool's lock.
+ * (summed in the same pass) and Table.publish, in one call under the pool's lock; and
+ * the eviction of one victim (Evictor.evict_one) that makes room for a put.
  *
  * Part of kvcache._lookup (lookup.c includes it: one translation unit, so xxhash's
  * dispatch is compiled in once). It serves pools whose policy keeps no queues, and
@@ -80,8 +81,8 @@ static int removable(const Finder *f, const char *map, int64_t eid, int64_t lo) 
 }
 
 /* Whether Table.remove of entry ``old`` (not in a queue or tree) reads only words in
- * range: its index slot, its place in the live list, its page chain's ends; and whether
- * it is READY, as an indexed entry is. */
+ * range: its index slot, its place in the live list, its page chain's ends, the page
+ * counts it changes; and whether it is READY, as an indexed entry is. */
 static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     const int64_t *w = f->field, n = f->max_entries;
     const char *entry = entry_at(f, map, old), *live = map + f->live_offset;
@@ -92,9 +93,11 @@ static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     int64_t last = num_live - 1;
     int64_t moved = load(live, last), first = load(entry, w[F_FIRST_PAGE]);
     int64_t end = load(entry, w[F_LAST_PAGE]), pages = load(entry, w[F_NUM_PAGES]);
-    return load(entry, w[F_STATE]) == READY && moved >= 0 && moved < n && first >= 0 && first < f->num_pages && end >= 0 &&
-           end < f->num_pages && pages > 0 && pages <= f->num_pages &&
-           removable(f, map, old, lo);
+    int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), used = load(map, w[F_USED_PAGES]);
+    return load(entry, w[F_STATE]) == READY && moved >= 0 && moved < n && first >= 0 &&
+           first < f->num_pages && end >= 0 && end < f->num_pages && pages > 0 &&
+           pages <= f->num_pages && num_free >= 0 && num_free <= f->num_pages && used >= 0 &&
+           used <= f->num_pages && removable(f, map, old, lo);
 }
 
 /* Whether the chain of the planned pages, as PageAllocator.allocate will link it, holds
@@ -170,8 +173,9 @@ static int plan(const Finder *f, const char *map, int64_t key_len, int64_t total
     /* publish: the live list's count and the clock, which a tick below may not pass */
     int64_t num_live = load(map, w[F_NUM_LIVE]);
     int64_t clock = load(map, w[F_CLOCK]), puts = load(map, w[F_PUTS]);
-    return num_live >= (p->old >= 0) && num_live - (p->old >= 0) < n && clock >= 0 && clock < CLOCK_LIMIT - n &&
-           puts >= 0 && puts < CLOCK_LIMIT;
+    int64_t removed = p->old >= 0;
+    return num_live >= removed && num_live - removed < n && clock >= 0 &&
+           clock < CLOCK_LIMIT - n && puts >= 0 && puts < CLOCK_LIMIT;
 }
 
 /* RegretSample.request for the record found by regret_record. */
@@ -290,8 +294,10 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     if (p->regret >= 0) regret_request(f, map, p->regret, now);
     int64_t last;
     int64_t first = allocate(f, map, p, &last);
-    if (load(map, w[F_FREE_ENTRY_HEAD])) store(map, w[F_FREE_ENTRY_HEAD], load(entry, w[F_NEXT_FREE]));
-    else store(map, w[F_NEXT_FRESH_ENTRY], eid + 1);
+    if (load(map, w[F_FREE_ENTRY_HEAD])) /* EntryTable.claim */
+        store(map, w[F_FREE_ENTRY_HEAD], load(entry, w[F_NEXT_FREE]));
+    else
+        store(map, w[F_NEXT_FRESH_ENTRY], eid + 1);
     store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
     int64_t fields[4] = {flags, pieces[0].len, pieces[1].len, pieces[2].len};
     store(entry, w[F_FLAGS], flags);
@@ -392,4 +398,63 @@ done:
     PyBuffer_Release(&view);
     if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
     return result;
+}
+
+PyDoc_STRVAR(evict_doc,
+"evict(mapping, eid, now) -> True | None\n\n"
+"Evict READY entry ``eid`` as Evictor.evict_one does in a pool whose policy keeps no\n"
+"queues: remember its key in the regret sample, unindex it, free its pages and slot,\n"
+"count the eviction. None, having changed nothing, where any word it follows is out of\n"
+"range: the caller then evicts the Python way, which decides. The caller holds the\n"
+"pool's lock.");
+
+/* Whether RegretSample._remember's words are in range (its ring position, the count of
+ * records pushed out) and Evictor's count of evictions. */
+static int evict_counts_ok(const Finder *f, const char *map) {
+    const int64_t *w = f->field;
+    int64_t next = load(map, w[F_REGRET_NEXT]), unrequested = load(map, w[F_REGRET_UNREQUESTED]);
+    int64_t evictions = load(map, w[F_EVICTIONS]);
+    return next >= 0 && next < CLOCK_LIMIT && unrequested >= 0 && unrequested < CLOCK_LIMIT &&
+           evictions >= 0 && evictions < CLOCK_LIMIT;
+}
+
+/* RegretSample._remember of the key hashed ``lo``, evicted at ``now``. */
+static void regret_remember(const Finder *f, char *map, int64_t lo, double now) {
+    const int64_t *w = f->field, position = load(map, w[F_REGRET_NEXT]);
+    int64_t base = w[F_REGRET_RING] + (position % REGRET_RECORDS) * REGRET_RECORD_WORDS;
+    if (load(map, base)) /* pushed out before its key came back */
+        store(map, w[F_REGRET_UNREQUESTED], load(map, w[F_REGRET_UNREQUESTED]) + 1);
+    store(map, base, lo | 1);
+    store_double(map, base + 1, now);
+    store(map, base + 2, load(map, w[F_CLOCK]));
+    store(map, w[F_REGRET_NEXT], position + 1);
+}
+
+static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "evict takes mapping, eid and now");
+        return NULL;
+    }
+    int64_t eid = PyLong_AsLongLong(args[1]);
+    double now = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int done = 0;
+    char *map = view.buf;
+    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && eid >= 0 &&
+        eid < f->max_entries && evict_counts_ok(f, map)) {
+        const int64_t *w = f->field;
+        char *entry = entry_at(f, map, eid);
+        int64_t lo = load(entry, w[F_HASH_LO]);
+        if (old_ok(f, map, eid, lo)) {
+            if (!(load(entry, w[F_HASH_HI]) & f->regret_mask)) regret_remember(f, map, lo, now);
+            remove_old(f, map, eid, lo);
+            store(map, w[F_EVICTIONS], load(map, w[F_EVICTIONS]) + 1);
+            done = 1;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (done) Py_RETURN_TRUE;
+    Py_RETURN_NONE;
 }

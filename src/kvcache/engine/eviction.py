@@ -81,8 +81,17 @@ class Evictor:
     Every method expects the caller to hold the segment's lock.
     """
 
-    def __init__(self, table: Table, procs: ProcessTable, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        table: Table,
+        procs: ProcessTable,
+        rng: np.random.Generator,
+        evict: Callable[[memoryview, int, float], bool | None] | None = None,
+    ) -> None:
+        """``evict``: ``evict_one`` compiled (``kvcache._lookup``'s ``evict``), where the pool
+        has it; it answers None where it leaves the eviction to Python."""
         self.table = table
+        self._evict = evict
         self.name = table.name
         self.config = table.config
         self._hq, self._hd = table.hq, table.hd
@@ -165,6 +174,8 @@ class Evictor:
     def evict_one(self, eid: int, below: list[int] | None = None) -> int:
         """Evict a READY entry (with its descendants, where the policy tracks prefixes: ``below``,
         where the caller walked to them in this hold of the lock); how many went."""
+        if self._evict is not None and self._evict(self._views.raw, eid, self._clock()):
+            return 1
         chain = self.table.chain(eid, below)
         self._regret.evict(chain, self._clock())
         removed = self._remove(eid, chain)

@@ -124,7 +124,8 @@ class Store:
         self.lock = PoolLock(
             seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
         )
-        self.evictor = Evictor(table, self.procs, rng)
+        self._put, evict = fastpath.compiled_writes(table.fast, config)
+        self.evictor = Evictor(table, self.procs, rng, evict)
         table.make_room = self.evictor.make_room
         self.metrics = MetricsRegion(views.metrics, self.lock)
         # Value bytes this process wrote and read, kept back (changed under the lock) until
@@ -142,7 +143,6 @@ class Store:
         self._entry_slices, self._free_entry = table.entry_slices, table.free_entry
         self._drop_damaged = table.drop_damaged
         self._read_unlocked, self._present = fastpath.without_lock(table.fast, config)
-        self._put = fastpath.compiled_put(table.fast, config)
         self._page_size = geometry.page_size_bytes
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
