@@ -146,7 +146,7 @@ def test_a_value_changed_by_its_caller_during_a_put_is_caught(
     the copy, so a buffer the caller changes meanwhile (a racing thread) leaves an entry
     that check() reports. In one pass (compiled) each stretch is summed as it is copied:
     the entry holds and sums the bytes it copied, a change the copy saw or missed alike."""
-    monkeypatch.setattr(kvcache.native, "sum_and_copy", None)
+    monkeypatch.setattr(kvcache.native, "sum_and_stream", None)
     pool = make_pool("4M", page_size="4K")
     buffer = bytearray(b"a" * 300_000)
     original = kvcache.transfer.scatter

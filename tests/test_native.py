@@ -76,13 +76,36 @@ def test_one_pass_sums_and_copies_as_the_two_passes_do(
 
 
 @compiled
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 200_000),
+    st.lists(st.integers(0, 200_000), max_size=4),
+    st.lists(st.integers(0, 200_000), max_size=4),
+    st.integers(0, 63),
+)
+def test_a_streamed_copy_sums_and_copies_as_the_two_passes_do(
+    size: int, source_cuts: list[int], target_cuts: list[int], misalign: int
+) -> None:
+    """Round the cache from 64 KiB up, into targets at any alignment."""
+    assert native.sum_and_stream is not None
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    window = bytearray(b"\xee" * (misalign + size + 7))
+    targets = _split(memoryview(window)[misalign : misalign + size], target_cuts)
+    digest = native.sum_and_stream([b"head"], _split(data, source_cuts), targets)
+    assert digest == xxhash.xxh3_64(b"head" + data).intdigest()
+    assert bytes(window[misalign : misalign + size]) == data
+    assert window[:misalign] == b"\xee" * misalign  # nothing written outside the copy
+    assert window[misalign + size :] == b"\xee" * 7
+
+
+@compiled
 def test_scatter_summed_matches_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(1)
     pieces = (b"key", b"header", rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
-    fields = (1, 3, 6, 1 << 20)  # within transfer.ONE_PASS_MAX_BYTES
+    fields = (1, 3, 6, 1 << 20)
     results = []
-    for path in (native.sum_and_copy, None):  # compiled, then the pure-Python twin
-        monkeypatch.setattr(native, "sum_and_copy", path)
+    for path in (native.sum_and_stream, None):  # compiled, then the pure-Python twin
+        monkeypatch.setattr(native, "sum_and_stream", path)
         window = bytearray(sum(map(len, pieces)) + 5)
         views = [memoryview(window)[:1000], memoryview(window)[1000:]]
         results.append((transfer.scatter_summed(views, pieces, fields), bytes(window)))
@@ -118,7 +141,7 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 rng = random.Random(7)
 for _ in range(3000):
-    data = rng.randbytes(rng.choice([0, 1, 100, 16383, 16384, 16385, 70000]))
+    data = rng.randbytes(rng.choice([0, 1, 100, 16383, 16384, 16385, 70000, 200001]))
     cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(4)))
     sources = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
     window = np.empty(len(data) + rng.randrange(3), np.uint8)  # malloc'd whole: ASAN's redzones
@@ -127,6 +150,9 @@ for _ in range(3000):
     digest = module.sum_and_copy([data[:9]], sources, targets)
     assert window[: len(data)].tobytes() == data
     assert module.sum_and_join([data[:9]], sources) == (digest, data)
+    window[:] = 0
+    assert module.sum_and_stream([data[:9]], sources, targets) == digest
+    assert window[: len(data)].tobytes() == data
     try:
         module.sum_and_copy([], [data + b"x"], [memoryview(window)[: len(data)]])
     except ValueError:

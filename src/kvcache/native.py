@@ -44,6 +44,11 @@ sum_and_copy: SumAndCopy | None = _compiled("_copysum", "sum_and_copy")
 then ``sources``, copying ``sources`` back to back into ``targets`` in the same pass
 (None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
 
+sum_and_stream: SumAndCopy | None = _compiled("_copysum", "sum_and_stream")
+"""``sum_and_stream(summed, sources, targets)``: ``sum_and_copy`` for targets not read again
+soon (a put's pages): from 64 KiB up the copy goes round the CPU's cache (None: not built,
+or ``KVCACHE_PURE_PYTHON`` is set)."""
+
 sum_and_join: SumAndJoin | None = _compiled("_copysum", "sum_and_join")
 """``sum_and_join(summed, sources)``: ``sum_and_copy`` into a new ``bytes``, answered with
 the sum as ``(sum, bytes)`` (None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""

@@ -229,7 +229,7 @@ def checksum(
 
 
 ONE_PASS_MAX_BYTES = 2 << 20
-"""Up to this size a copy is summed in the same pass (compiled). Measured on this 2-core VM
+"""Up to this size a read's copy is summed in the same pass (compiled). Measured on this 2-core VM
 (benchmarks/bench_copysum.py; puts and verified gets of 64 KiB-16 MiB side by side, five
 runs): one pass gains 2-8% on puts and, from memory, 15-20% on the bare copy-and-sum; on a
 verified 1 MiB get it ranged from 14% slower to 35% faster. Past about 2 MiB a get loses
@@ -246,14 +246,16 @@ def scatter_summed(
     """:func:`scatter` ``pieces`` into ``targets`` and return their :func:`checksum` (with
     ``fields``: flags, key_len, header_len, value_len).
 
-    Compiled, it is one pass: each stretch is summed while it is in the CPU's
-    cache and copied from there, so the caller's bytes are read from memory once.
+    Compiled, it is one pass at any size: each stretch is summed while it is in
+    the CPU's cache and copied from there, so the caller's bytes are read from
+    memory once, and from 64 KiB up the copy goes round the cache
+    (``native.sum_and_stream``), so the pool's pages are not read first.
     """
-    if native.sum_and_copy is None or fields[3] > ONE_PASS_MAX_BYTES:
+    if native.sum_and_stream is None:
         digest = checksum(pieces, *fields)
         scatter(targets, pieces)
         return digest
-    return native.sum_and_copy((RECORD_FIELDS.pack(*fields),), pieces, targets)
+    return native.sum_and_stream((RECORD_FIELDS.pack(*fields),), pieces, targets)
 
 
 def as_word(value: int) -> int:
