@@ -15,6 +15,7 @@ nothing, never a crash; and processes of both engines share one pool.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, fastpath, native
 from kvcache.keys import encode_key, key_hash
-from kvcache.layout import ENTRY_DTYPE, HEADER_DTYPE
+from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, E
 from kvcache.policies import POLICIES
 from kvcache.regret import sample_shift
 from test_segment_damage import VALUES, damaged_pool, word
@@ -77,6 +78,7 @@ def new_pool(
         # the reference: Table.lookup's Python path only, under the lock
         engine = pool._engine
         engine.table.fast = engine._read_unlocked = engine._present = engine._put = None
+        engine._reserve_compiled = engine._publish_compiled = engine.evictor._evict = None
     try:
         yield pool
     finally:
@@ -517,6 +519,7 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
     with damaged_pool("lru") as pool:
         engine = pool._engine
         raw, fast_put, now = engine.views.raw, engine._put, engine.clock()
+        compiled_halves = engine._reserve_compiled, engine._publish_compiled
         mask = (1 << sample_shift(engine.views.geometry.max_entries)) - 1
         sampled = [k for k in (f"new{i}".encode() for i in range(200)) if not key_hash(k)[1] & mask]
         for _ in range(data.draw(st.integers(1, 4), label="words")):
@@ -544,8 +547,9 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
                 continue
             by_c = bytes(raw)
             raw[:] = start
-            engine._put = None
+            engine._put = engine._reserve_compiled = engine._publish_compiled = None
             pool.put(key, value)  # Python takes it too: C checked what Python would raise on
+            engine._reserve_compiled, engine._publish_compiled = compiled_halves
             assert bytes(raw) == by_c
 
 
@@ -581,3 +585,51 @@ def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data) -> None:
                 finally:
                     evictor._evict = evict
                 assert bytes(raw) == by_c
+
+
+@compiled
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data) -> None:
+    """A put too large to copy under the lock, reserved and then published on damaged
+    words: each half that C takes leaves the bytes Python's half leaves on the same
+    segment, and each it declines wrote nothing."""
+    with damaged_pool("lru") as pool:
+        engine = pool._engine
+        raw, now, table = engine.views.raw, engine.clock(), engine.table
+        reserve, publish = engine._reserve_compiled, engine._publish_compiled
+        table.clock = lambda: now
+        key = data.draw(st.sampled_from([b"small", b"new-key"]), label="key")
+        args = (0, 0, 70_000, 0, math.inf)
+        for _ in range(data.draw(st.integers(0, 3), label="words before")):
+            damage_put_words(pool, data, [b"new-key"])
+        with engine.lock:
+            before = bytes(raw)
+            eid = reserve(raw, key, *args, now, engine.slot, engine.serial)
+            if eid is None:
+                assert bytes(raw) == before
+            else:
+                by_c = bytes(raw)
+                raw[:] = before
+                pages = -(-(len(key) + 70_000) // table.page_size)
+                assert table.reserve(0, key, 0, 70_000, pages, 0, math.inf, True) == eid
+                assert bytes(raw) == by_c
+        if eid is None:
+            return
+        for _ in range(data.draw(st.integers(0, 3), label="words after")):
+            damage_put_words(pool, data, [b"new-key"])
+        with engine.lock:
+            before = bytes(raw)
+            if not publish(raw, eid, 12345, now):
+                assert bytes(raw) == before
+                return
+            by_c = bytes(raw)
+            raw[:] = before
+            table.views.entries_q[eid * ENTRY_WORDS + E.checksum] = 12345
+            assert table.publish(eid)
+            assert bytes(raw) == by_c

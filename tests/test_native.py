@@ -270,6 +270,10 @@ try:
                 payload = np.full(rng.choice([0, 1, 1000, 5000]), 7, np.uint8)  # malloc'd whole
                 stored += finders[0].put(view, put_key, 0, b"", payload, 0, float("inf"), 0.0,
                                          0, 1) is not None
+            eid = finders[0].reserve(view, key_bytes, 0, 0, rng.choice([0, 70000]), 0,
+                                     float("inf"), 0.0, 0, 1)
+            eid = rng.randrange(-2, g.max_entries + 2) if eid is None else eid
+            stored += finders[0].publish(view, eid, rng.randrange(1 << 64), 0.0) is True
         finders[0].tick(view, rng.random() < 0.5)
         evicted += finders[0].evict(view, rng.randrange(-2, g.max_entries + 2), 0.0) is True
     assert found > 2000 and stored > 4000 and evicted > 100, (found, stored, evicted)

@@ -29,6 +29,8 @@ policy keeps no queues: reserve, copy and sum, publish, under the lock in one
 call, where the pages and a slot are free and every word it follows is in
 range; it answers None, having written nothing, for anything else (room to
 make, memory to reserve, damage), and ``Pool.put`` then writes the Python way.
+A larger put's two lock holds ask ``reserve`` and ``publish`` the same way
+(``Store.write``), and an eviction that makes room asks ``evict``.
 
 The hit touch in C is the one every policy shares (the logical clock, the
 decayed frequency, the access times) and, for the policies that keep queues,
@@ -172,10 +174,10 @@ def without_lock(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
     return (None if moves_queues else finder.read), finder.present
 
 
-def compiled_writes(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
-    """``finder``'s ``put`` and ``evict``, for a pool whose policy keeps no queues (a queue
-    policy's put admits to its lists and ghosts, and its eviction leaves a ghost: Python's);
-    (None, None) otherwise."""
+def compiled_writes(finder: Any, config: PoolConfig) -> tuple[Any, Any, Any, Any]:
+    """``finder``'s ``put``, ``reserve``, ``publish`` and ``evict``, for a pool whose policy
+    keeps no queues (a queue policy's put admits to its lists and ghosts, and its eviction
+    leaves a ghost: Python's); Nones otherwise."""
     if finder is None or get_policy(config.policy).uses_queues:
-        return None, None
-    return finder.put, finder.evict
+        return None, None, None, None
+    return finder.put, finder.reserve, finder.publish, finder.evict

@@ -251,7 +251,8 @@ class Pool(abc.MutableMapping[Key, Value]):
         if total > self._max_bytes:
             self._engine.refuse_too_large(total)
         flags |= VALUE_IS_ARRAY if encoded.is_array else 0
-        under_lock = total <= INLINE_COPY_MAX_BYTES
+        # copied under the lock as a read of it would be: a payload of up to 64 KiB
+        under_lock = encoded.payload.nbytes <= INLINE_COPY_MAX_BYTES
         checksum = (  # in one compiled call where it can (a free slot and pages, no queues)
             self._put_small(key_bytes, flags, encoded.header, encoded.payload, priority, expires_at)
             if under_lock

@@ -691,6 +691,8 @@ static PyMethodDef finder_methods[] = {
     {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL, present_doc},
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL, put_doc},
     {"evict", (PyCFunction)(void (*)(void))evict, METH_FASTCALL, evict_doc},
+    {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
+    {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL, publish_doc},
     {NULL, NULL, 0, NULL},
 };
 

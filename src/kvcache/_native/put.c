@@ -117,20 +117,33 @@ static int chain_ok(const Finder *f, const char *map, const Plan *p) {
     return 1;
 }
 
-/* Everything Python's put would check or could fail on, checked; 0 where Python must
- * do it (room to make, memory to reserve, a sampled key's regret, any word out of
- * range). */
-static int plan(const Finder *f, const char *map, int64_t key_len, int64_t total, Plan *p) {
+/* Whether Table.publish can be done here, for entry ``p->eid`` whose key's entry now is
+ * ``p->old`` (-1: none): the old entry's words (old_ok), the live list's count, the clock
+ * (which a tick below may not pass) and the count of puts in range, and the entry's
+ * generation short of overflowing at its ``bumps`` more (1 here, 2 with a claim). */
+static int publish_ok(const Finder *f, const char *map, const Plan *p, int bumps) {
+    const int64_t *w = f->field, n = f->max_entries;
+    if (p->old >= 0 && !old_ok(f, map, p->old, p->lo)) return 0;
+    int64_t num_live = load(map, w[F_NUM_LIVE]), clock = load(map, w[F_CLOCK]);
+    int64_t puts = load(map, w[F_PUTS]), removed = p->old >= 0;
+    return num_live >= removed && num_live - removed < n && clock >= 0 &&
+           clock < CLOCK_LIMIT - n && puts >= 0 && puts < CLOCK_LIMIT &&
+           load(entry_at(f, map, p->eid), w[F_GENERATION]) <= INT64_MAX - bumps;
+}
+
+/* Everything Python's reserve would check or could fail on, checked; 0 where Python must
+ * do it (room to make, memory to reserve, any word out of range). Sets what reserve will
+ * do, and ``p->old`` to the key's entry now (-1: none). */
+static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64_t total,
+                        Plan *p) {
     const int64_t *w = f->field, n = f->max_entries, pages = f->num_pages;
     p->num_pages = (total + f->page_size - 1) / f->page_size;
     p->old = probe(f, map, p->lo, p->hi);
+    p->regret = -1;
     if (p->old == NOT_HERE || key_len <= 0 || p->num_pages > pages) return 0;
-    if (p->old == ABSENT) {
+    if (p->old == ABSENT) { /* a new key: a request for it (the regret sample) */
         p->old = -1;
         if (!regret_record(f, map, p, &p->regret)) return 0;
-    } else {
-        p->regret = -1;
-        if (!old_ok(f, map, p->old, p->lo)) return 0;
     }
     /* make_room: nothing to evict (PageAllocator.num_available, EntryTable.has_free_slot) */
     int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), fresh = load(map, w[F_NEXT_FRESH_PAGE]);
@@ -149,9 +162,9 @@ static int plan(const Finder *f, const char *map, int64_t key_len, int64_t total
         return 0;
     }
     /* A FREE slot (Python checks that only on the free chain): a READY one, or the old
-     * entry itself, would be overwritten; and its generation takes two bumps. */
+     * entry itself, would be overwritten. */
     const char *claimed = entry_at(f, map, p->eid);
-    if (load(claimed, w[F_STATE]) != FREE || load(claimed, w[F_GENERATION]) >= INT64_MAX - 1)
+    if (load(claimed, w[F_STATE]) != FREE || load(claimed, w[F_GENERATION]) == INT64_MAX)
         return 0;
     /* PageAllocator.allocate, without reserving memory (_reserve_fresh) */
     p->from_free = p->num_pages < num_free ? p->num_pages : num_free;
@@ -169,13 +182,7 @@ static int plan(const Finder *f, const char *map, int64_t key_len, int64_t total
             if (i + 1 < p->from_free) page = load(links, page);
         }
     }
-    if (!chain_ok(f, map, p)) return 0;
-    /* publish: the live list's count and the clock, which a tick below may not pass */
-    int64_t num_live = load(map, w[F_NUM_LIVE]);
-    int64_t clock = load(map, w[F_CLOCK]), puts = load(map, w[F_PUTS]);
-    int64_t removed = p->old >= 0;
-    return num_live >= removed && num_live - removed < n && clock >= 0 &&
-           clock < CLOCK_LIMIT - n && puts >= 0 && puts < CLOCK_LIMIT;
+    return chain_ok(f, map, p);
 }
 
 /* RegretSample.request for the record found by regret_record. */
@@ -285,10 +292,11 @@ static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
     store(map, w[F_FREE_ENTRY_HEAD], old + 1);
 }
 
-/* The planned put, written as Python writes it: reserve, fill, publish. */
-static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer *pieces,
-                      int64_t flags, int64_t priority, double expires_at, double now,
-                      int64_t owner_slot, int64_t owner_serial) {
+/* Table.reserve as planned: the regret sample's request, the pages, the entry slot, its
+ * record in state WRITING; the chain's first page. */
+static int64_t apply_reserve(const Finder *f, char *map, const Plan *p, const int64_t fields[4],
+                             int64_t priority, double expires_at, double now,
+                             int64_t owner_slot, int64_t owner_serial) {
     const int64_t *w = f->field, eid = p->eid;
     char *entry = entry_at(f, map, eid);
     if (p->regret >= 0) regret_request(f, map, p->regret, now);
@@ -299,8 +307,7 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     else
         store(map, w[F_NEXT_FRESH_ENTRY], eid + 1);
     store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
-    int64_t fields[4] = {flags, pieces[0].len, pieces[1].len, pieces[2].len};
-    store(entry, w[F_FLAGS], flags);
+    store(entry, w[F_FLAGS], fields[0]);
     store(entry, w[F_HASH_LO], p->lo);
     store(entry, w[F_HASH_HI], p->hi);
     store(entry, w[F_KEY_LEN], fields[1]);
@@ -319,16 +326,19 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     store(entry, w[F_OWNER_SLOT], owner_slot);
     store(entry, w[F_OWNER_SERIAL], owner_serial);
     store_release(entry, w[F_STATE], WRITING);
-    XXH3_state_t state;
-    XXH3_INITSTATE(&state);
-    XXH3_64bits_reset(&state);
-    XXH3_64bits_update(&state, fields, sizeof fields);
-    scatter(f, map, first, pieces, 3, &state);
-    uint64_t checksum = XXH3_64bits_digest(&state);
+    return first;
+}
+
+/* Store._finish and Table.publish of the WRITING entry ``p->eid``, checked by publish_ok:
+ * its checksum, the old entry's removal, the tick, READY, the index and the live list. */
+static void apply_publish(const Finder *f, char *map, const Plan *p, uint64_t checksum,
+                          double now) {
+    const int64_t *w = f->field, eid = p->eid;
+    char *entry = entry_at(f, map, eid);
     store(entry, w[F_CHECKSUM], (int64_t)checksum);
     if (p->old >= 0) remove_old(f, map, p->old, p->lo);
     int64_t clock = tick(f, map, 0);
-    if (clock < 0) { /* Table.tick's Python fallback: the plan kept the clock in range */
+    if (clock < 0) { /* Table.tick's Python fallback: publish_ok kept the clock in range */
         clock = load(map, w[F_CLOCK]) + 1;
         store(map, w[F_CLOCK], clock);
     }
@@ -338,7 +348,7 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     store_double(entry, w[F_ACCESSED_AT], now);
     store_release(entry, w[F_STATE], READY);
     store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
-    const int64_t mask = f->index_slots - 1; /* HashIndex.insert: the plan saw an empty slot */
+    const int64_t mask = f->index_slots - 1; /* HashIndex.insert: probe saw an empty slot */
     char *index = map + f->index_offset;
     int64_t slot = p->lo & mask;
     while (load(index, slot)) slot = (slot + 1) & mask;
@@ -348,8 +358,25 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     store(entry, w[F_LIVE_POS], pos);
     store(map, w[F_NUM_LIVE], pos + 1);
     store(map, w[F_PUTS], load(map, w[F_PUTS]) + 1);
+    double expires_at = load_double(entry, w[F_EXPIRES_AT]);
     if (expires_at < load_double(map, w[F_NEXT_EXPIRY_AT]))
         store_double(map, w[F_NEXT_EXPIRY_AT], expires_at);
+}
+
+/* The planned put, written as Python writes it: reserve, fill (summed), publish. */
+static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer *pieces,
+                      int64_t flags, int64_t priority, double expires_at, double now,
+                      int64_t owner_slot, int64_t owner_serial) {
+    int64_t fields[4] = {flags, pieces[0].len, pieces[1].len, pieces[2].len};
+    int64_t first = apply_reserve(f, map, p, fields, priority, expires_at, now, owner_slot,
+                                  owner_serial);
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    XXH3_64bits_update(&state, fields, sizeof fields);
+    scatter(f, map, first, pieces, 3, &state);
+    uint64_t checksum = XXH3_64bits_digest(&state);
+    apply_publish(f, map, p, checksum, now);
     return checksum;
 }
 
@@ -388,7 +415,8 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         Plan p;
         char *map = view.buf;
         key_hash(pieces[0].buf, (size_t)pieces[0].len, &p.lo, &p.hi);
-        if (plan(f, map, pieces[0].len, total, &p))
+        /* the index is not changed by reserve: the key's old entry stays what it is */
+        if (plan_reserve(f, map, pieces[0].len, total, &p) && publish_ok(f, map, &p, 2))
             result = PyLong_FromUnsignedLongLong(
                 apply(f, map, &p, pieces, flags, priority, expires_at, now, owner_slot,
                       owner_serial));
@@ -398,6 +426,85 @@ done:
     PyBuffer_Release(&view);
     if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
     return result;
+}
+
+PyDoc_STRVAR(reserve_doc,
+"reserve(mapping, key_bytes, flags, header_len, value_len, priority, expires_at, now,\n"
+"        owner_slot, owner_serial) -> int | None\n\n"
+"Table.reserve of a fresh put, for a value copied without the lock: the new entry's id,\n"
+"in state WRITING; None, having changed nothing, where it needs eviction, memory to\n"
+"reserve or meets a word out of range (the caller then reserves the Python way). For\n"
+"pools whose policy keeps no queues; the caller holds the pool's lock.");
+
+static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "reserve takes mapping, key_bytes, flags, header_len, "
+                                         "value_len, priority, expires_at, now, owner_slot, "
+                                         "owner_serial");
+        return NULL;
+    }
+    int64_t fields[4] = {PyLong_AsLongLong(args[2]), PyBytes_GET_SIZE(args[1]),
+                         PyLong_AsLongLong(args[3]), PyLong_AsLongLong(args[4])};
+    int64_t priority = PyLong_AsLongLong(args[5]);
+    int64_t owner_slot = PyLong_AsLongLong(args[8]), owner_serial = PyLong_AsLongLong(args[9]);
+    double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int64_t eid = -1;
+    char *map = view.buf;
+    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && fields[2] >= 0 &&
+        fields[3] >= 0 && fields[2] <= f->total_bytes && fields[3] <= f->total_bytes) {
+        Plan p;
+        int64_t total = fields[1] + fields[2] + fields[3];
+        key_hash(PyBytes_AS_STRING(args[1]), (size_t)fields[1], &p.lo, &p.hi);
+        if (total <= f->total_bytes && plan_reserve(f, map, fields[1], total, &p)) {
+            apply_reserve(f, map, &p, fields, priority, expires_at, now, owner_slot,
+                          owner_serial);
+            eid = p.eid;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (eid < 0) Py_RETURN_NONE;
+    return PyLong_FromLongLong(eid);
+}
+
+PyDoc_STRVAR(publish_doc,
+"publish(mapping, eid, checksum, now) -> True | None\n\n"
+"Store._finish and Table.publish of WRITING entry ``eid`` of a fresh put, with its\n"
+"``checksum``: replace the key's entry, make it READY and index it. None, having\n"
+"changed nothing, where a word it follows is out of range (the caller then publishes\n"
+"the Python way). For pools whose policy keeps no queues; the caller holds the lock.");
+
+static PyObject *publish(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "publish takes mapping, eid, checksum and now");
+        return NULL;
+    }
+    int64_t eid = PyLong_AsLongLong(args[1]);
+    uint64_t checksum = PyLong_AsUnsignedLongLong(args[2]);
+    double now = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int done = 0;
+    char *map = view.buf;
+    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && eid >= 0 &&
+        eid < f->max_entries && load(entry_at(f, map, eid), f->field[F_STATE]) == WRITING) {
+        Plan p = {.eid = eid, .regret = -1};
+        const char *entry = entry_at(f, map, eid);
+        p.lo = load(entry, f->field[F_HASH_LO]);
+        p.hi = load(entry, f->field[F_HASH_HI]);
+        p.old = probe(f, map, p.lo, p.hi);
+        if (p.old == ABSENT) p.old = -1;
+        if (p.old != NOT_HERE && p.old != eid && publish_ok(f, map, &p, 1)) {
+            apply_publish(f, map, &p, checksum, now);
+            done = 1;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (done) Py_RETURN_TRUE;
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(evict_doc,
