@@ -633,3 +633,34 @@ def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data)
             table.views.entries_q[eid * ENTRY_WORDS + E.checksum] = 12345
             assert table.publish(eid)
             assert bytes(raw) == by_c
+
+
+@compiled
+def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
+    """Small and large puts of new keys and over old ones, and the evictions that make room
+    in a full pool: C takes every one once the pool's memory is reserved (the damage tests
+    above only hold C to what it takes)."""
+    with new_pool("lru", Ticks(), pure=False) as pool:
+        engine = pool._engine
+        pool.put("first", b"")  # reserves the pool's memory (in Python: a system call)
+        answers: dict[str, list[object]] = {}
+
+        def recording(name: str, call):  # type: ignore[no-untyped-def]
+            def recorded(*args):  # type: ignore[no-untyped-def]
+                answers.setdefault(name, []).append(call(*args))
+                return answers[name][-1]
+
+            return recorded
+
+        engine._put = recording("put", engine._put)
+        engine._reserve_compiled = recording("reserve", engine._reserve_compiled)
+        engine._publish_compiled = recording("publish", engine._publish_compiled)
+        engine.evictor._evict = recording("evict", engine.evictor._evict)
+        for key in ("a", "b", "a"):
+            pool.put(key, b"s" * 3000)
+            pool.put(key + "-large", b"L" * 70_000)
+        taken = {name: [a is not None for a in got] for name, got in answers.items()}
+        assert taken == {"put": [True] * 3, "reserve": [True] * 3, "publish": [True] * 3}
+        for i in range(100):  # a 256 KiB pool: these evict
+            pool.put(f"fill{i}", b"f" * 3000)
+        assert pool.stats().evictions and all(answers["evict"])

@@ -495,9 +495,9 @@ static PyObject *publish(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         const char *entry = entry_at(f, map, eid);
         p.lo = load(entry, f->field[F_HASH_LO]);
         p.hi = load(entry, f->field[F_HASH_HI]);
-        p.old = probe(f, map, p.lo, p.hi);
-        if (p.old == ABSENT) p.old = -1;
-        if (p.old != NOT_HERE && p.old != eid && publish_ok(f, map, &p, 1)) {
+        int64_t old = probe(f, map, p.lo, p.hi); /* NOT_HERE: a word out of range */
+        p.old = old == ABSENT ? -1 : old;
+        if (old != NOT_HERE && old != eid && publish_ok(f, map, &p, 1)) {
             apply_publish(f, map, &p, checksum, now);
             done = 1;
         }

@@ -125,8 +125,8 @@ class Store:
         self.lock = PoolLock(
             seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
         )
-        self._put, self._reserve_compiled, self._publish_compiled, evict = (
-            fastpath.compiled_writes(table.fast, config)
+        self._put, self._reserve_compiled, self._publish_compiled, evict = fastpath.compiled_writes(
+            table.fast, config
         )
         self.evictor = Evictor(table, self.procs, rng, evict)
         table.make_room = self.evictor.make_room
