@@ -407,3 +407,21 @@ def test_a_record_claiming_more_pages_than_the_pool_is_reported_not_walked(make_
     pool.put("a", b"1")
     pool._engine.views.entries_q[0 * ENTRY_WORDS + E.num_pages] = 2**40  # white-box damage
     assert any("entry 0" in p for p in pool.check())
+
+
+def test_bug_opening_a_pool_whose_dead_writer_left_damaged_counters_raised_value_error(
+    make_pool: Callable[..., kvcache.Pool],
+) -> None:
+    """Regression: an open reclaims a dead writer's WRITING entry; on a damaged count of free
+    pages that overflowed in ``PageAllocator.free`` and escaped as ValueError (destroy
+    failed with it too). It is a CorruptPoolError now, and destroy removes the pool."""
+    pool = make_pool("256K", page_size="1K")
+    engine = pool._engine
+    with engine.lock:
+        engine.table.reserve(0, b"k", 0, 10, 1, 0, float("inf"), True)  # WRITING, then dies
+    engine.views.header_q[H.num_free_pages] = 2**63 - 1
+    pool.close()  # its process slot goes: the entry's writer is dead to the next opener
+    with pytest.raises(kvcache.CorruptPoolError):
+        kvcache.open(pool.name)
+    kvcache.destroy(pool.name)
+    assert pool.name not in kvcache.list_pools()

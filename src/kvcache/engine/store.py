@@ -167,6 +167,7 @@ class Store:
             self.lock.close()
             raise
 
+    @reports_damage  # a dead writer's entry freed on damaged counters
     def _attach(self, geometry: Geometry) -> None:
         """Claim a process slot and, under the lock, check the pool as a new handle must."""
         self.slot, self.serial = self.procs.claim(self.lock.fd)
