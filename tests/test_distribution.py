@@ -78,6 +78,7 @@ def test_the_sdist_holds_what_a_rebuild_needs(dist: dict[str, Path]) -> None:
         "src/kvcache/_native/copysum.c",
         "src/kvcache/_native/lookup.c",
         "src/kvcache/_native/put.c",
+        "src/kvcache/_native/rank.c",
         "src/kvcache/_native/xxhash.h",
     } <= names
 

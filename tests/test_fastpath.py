@@ -15,17 +15,18 @@ nothing, never a crash; and processes of both engines share one pool.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kvcache
@@ -43,6 +44,13 @@ PLAIN_POLICIES = ("lru", "lfu", "fifo", "ttl", "priority", "size")
 """The policies without queues, whose hit may be read without the lock."""
 X86_64 = os.uname().machine == "x86_64"
 QUEUE_WORDS = ("probation_head", "probation_tail", "main_head", "main_tail", "num_probation")
+DAMAGE_SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+"""The damage fuzzes' settings: fresh examples each run (no database), each its own pool."""
 
 
 class Ticks:
@@ -416,12 +424,7 @@ QUEUE_ENTRY_WORDS = ["probation", "queue_prev", "queue_next", "reads", "last_acc
 
 
 @compiled
-@settings(
-    max_examples=150,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@DAMAGE_SETTINGS
 @given(data=st.data(), policy=st.sampled_from(["s3fifo", "arc", "prefix"]))
 def test_a_damaged_queue_hit_in_c_writes_what_python_writes_or_is_left_to_it(data, policy):
     """A queue policy's hit on damaged lists: where C takes it (an id, not -1), the Python
@@ -460,6 +463,23 @@ def test_a_damaged_queue_hit_in_c_writes_what_python_writes_or_is_left_to_it(dat
                 finally:
                     engine.table.fast, engine.table.clock = fast, engine.clock
                 assert bytes(raw) == by_c
+
+
+def c_writes_what_python_writes(
+    raw: memoryview, compiled: Callable[[], object], python: Callable[[], object]
+) -> bool:
+    """Run ``compiled`` on the segment ``raw``; where it declines (a falsy answer) it must
+    have written nothing; where it takes the work, ``python`` run on the bytes as they were
+    must leave the same bytes. Whether C took it."""
+    before = bytes(raw)
+    if not compiled():
+        assert bytes(raw) == before  # declined: nothing written
+        return False
+    by_c = bytes(raw)
+    raw[:] = before
+    python()
+    assert bytes(raw) == by_c
+    return True
 
 
 PUT_HEADER_WORDS = [
@@ -505,12 +525,7 @@ def damage_put_words(pool: kvcache.Pool, data: st.DataObject, sampled: list[byte
 
 
 @compiled
-@settings(
-    max_examples=200,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@DAMAGE_SETTINGS
 @given(data=st.data())
 def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
     """A put on damaged words: where C takes it (answers a checksum), the Python put on the
@@ -554,12 +569,7 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
 
 
 @compiled
-@settings(
-    max_examples=150,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@DAMAGE_SETTINGS
 @given(data=st.data())
 def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data) -> None:
     """``evict`` of each entry of a damaged pool: where C takes it, Python's ``evict_one`` on
@@ -571,29 +581,25 @@ def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data) -> None:
         for _ in range(data.draw(st.integers(1, 4), label="words")):
             damage_put_words(pool, data, [b"small"])
         evictor._clock = lambda: now
+
+        def python_evicts(eid: int) -> None:
+            evictor._evict = None
+            try:
+                assert evictor.evict_one(eid) == 1
+            finally:
+                evictor._evict = evict
+
         for eid in range(-1, 17):
             with engine.lock:
-                before = bytes(raw)
-                if not evict(raw, eid, now):
-                    assert bytes(raw) == before
-                    continue
-                by_c = bytes(raw)
-                raw[:] = before
-                evictor._evict = None
-                try:
-                    assert evictor.evict_one(eid) == 1
-                finally:
-                    evictor._evict = evict
-                assert bytes(raw) == by_c
+                c_writes_what_python_writes(
+                    raw,
+                    functools.partial(evict, raw, eid, now),
+                    functools.partial(python_evicts, eid),
+                )
 
 
 @compiled
-@settings(
-    max_examples=150,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@DAMAGE_SETTINGS
 @given(data=st.data())
 def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data) -> None:
     """A put too large to copy under the lock, reserved and then published on damaged
@@ -608,38 +614,37 @@ def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data)
         args = (0, 0, 70_000, 0, math.inf)
         for _ in range(data.draw(st.integers(0, 3), label="words before")):
             damage_put_words(pool, data, [b"new-key"])
-        with engine.lock:
-            before = bytes(raw)
+        pages = -(-(len(key) + 70_000) // table.page_size)
+        reserved: list[int] = []
+
+        def c_reserves() -> bool:
             eid = reserve(raw, key, *args, now, engine.slot, engine.serial)
-            if eid is None:
-                assert bytes(raw) == before
-            else:
-                by_c = bytes(raw)
-                raw[:] = before
-                pages = -(-(len(key) + 70_000) // table.page_size)
-                assert table.reserve(0, key, 0, 70_000, pages, 0, math.inf, True) == eid
-                assert bytes(raw) == by_c
-        if eid is None:
-            return
+            reserved.extend([] if eid is None else [eid])
+            return eid is not None
+
+        def python_reserves() -> None:
+            assert table.reserve(0, key, 0, 70_000, pages, 0, math.inf, True) == reserved[0]
+
+        def python_publishes() -> None:
+            table.views.entries_q[reserved[0] * ENTRY_WORDS + E.checksum] = 12345
+            assert table.publish(reserved[0])
+
+        with engine.lock:
+            if not c_writes_what_python_writes(raw, c_reserves, python_reserves):
+                return
         for _ in range(data.draw(st.integers(0, 3), label="words after")):
             damage_put_words(pool, data, [b"new-key"])
         with engine.lock:
-            before = bytes(raw)
-            if not publish(raw, eid, 12345, now):
-                assert bytes(raw) == before
-                return
-            by_c = bytes(raw)
-            raw[:] = before
-            table.views.entries_q[eid * ENTRY_WORDS + E.checksum] = 12345
-            assert table.publish(eid)
-            assert bytes(raw) == by_c
+            c_writes_what_python_writes(
+                raw, lambda: publish(raw, reserved[0], 12345, now), python_publishes
+            )
 
 
 @compiled
 def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
     """Small and large puts of new keys and over old ones, and the evictions that make room
-    in a full pool: C takes every one once the pool's memory is reserved (the damage tests
-    above only hold C to what it takes)."""
+    in a full pool and the ranking of their samples: C takes every one once the pool's
+    memory is reserved (the damage tests above only hold C to what it takes)."""
     with new_pool("lru", Ticks(), pure=False) as pool:
         engine = pool._engine
         pool.put("first", b"")  # reserves the pool's memory (in Python: a system call)
@@ -656,11 +661,63 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
         engine._reserve_compiled = recording("reserve", engine._reserve_compiled)
         engine._publish_compiled = recording("publish", engine._publish_compiled)
         engine.evictor._evict = recording("evict", engine.evictor._evict)
+        compiled_rank, kind = engine.evictor._rank
+        engine.evictor._rank = recording("rank", compiled_rank), kind
         for key in ("a", "b", "a"):
             pool.put(key, b"s" * 3000)
             pool.put(key + "-large", b"L" * 70_000)
         taken = {name: [a is not None for a in got] for name, got in answers.items()}
         assert taken == {"put": [True] * 3, "reserve": [True] * 3, "publish": [True] * 3}
-        for i in range(100):  # a 256 KiB pool: these evict
-            pool.put(f"fill{i}", b"f" * 3000)
+        for i in range(300):  # a 256 KiB pool: these evict, ranking samples of 64
+            pool.put(f"fill{i}", b"f" * 100)
         assert pool.stats().evictions and all(answers["evict"])
+        assert answers["rank"] and all(places is not None for places in answers["rank"])
+
+
+RANKED_FIELD_VALUES = {
+    "last_access": st.integers(-5, 5) | st.integers(-(2**63), 2**63 - 1),
+    "created": st.integers(-5, 5) | st.integers(-(2**63), 2**63 - 1),
+    "priority": st.integers(-3, 3) | st.integers(-(2**63), 2**63 - 1),
+    "num_pages": st.integers(0, 4) | st.integers(-(2**63), 2**63 - 1),
+    "expires_at": st.sampled_from([math.inf, -math.inf, math.nan, 0.0, -0.0, 999.0, 1000.0])
+    | st.floats(),
+}
+
+
+@compiled
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(sorted(fastpath.RANK_KINDS)),
+    records=st.lists(st.fixed_dictionaries(RANKED_FIELD_VALUES), min_size=1, max_size=12),
+    draws=st.lists(st.integers(0, 11), min_size=2, max_size=80),
+    top=st.integers(1, 16),
+)
+@example(  # fewer keys than top that are not NaN: numpy's cut keeps only those
+    policy="ttl",
+    records=[{**dict.fromkeys(RANKED_FIELD_VALUES, 0), "expires_at": math.nan}] * 2
+    + [{**dict.fromkeys(RANKED_FIELD_VALUES, 0), "expires_at": 2000.0}],
+    draws=[0, 1, 2, 0, 1],
+    top=3,
+)
+def test_a_sample_is_ranked_in_c_as_numpy_ranks_it(policy, records, draws, top) -> None:
+    """Ties (broken by the last access, then the draw's place), expired entries first,
+    NaN and infinite expiries, ints past 2**53: the best ``top`` as ``rank_victims``
+    has them, and an id out of range is left to numpy."""
+    from kvcache.policies import rank_victims
+    from kvcache.policies.base import ScoreContext
+
+    with new_pool(policy, Ticks(), pure=False) as pool:
+        v = pool._engine.views
+        for eid, record in enumerate(records):
+            for name, value in record.items():
+                v.entries[name][eid] = value
+        ids = np.array([d % len(records) for d in draws], np.int64)
+        if top >= ids.size:
+            return  # numpy sorts the whole sample then: choose_victims never asks C
+        ctx = ScoreContext(0, 1000.0, 100, len(records), 0, 0.0)
+        columns = {name: v.entries[name][ids] for name in ("expires_at", *RANKED_FIELD_VALUES)}
+        expected = rank_victims(POLICIES[policy], columns, ctx, top=top).tolist()
+        fast = pool._engine.table.fast
+        assert fast.rank(v.raw, ids, top, 1000.0, fastpath.RANK_KINDS[policy]) == expected
+        ids[-1] = v.geometry.max_entries  # out of range: numpy's, which raises
+        assert fast.rank(v.raw, ids, top, 1000.0, fastpath.RANK_KINDS[policy]) is None

@@ -174,10 +174,15 @@ def without_lock(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
     return (None if moves_queues else finder.read), finder.present
 
 
-def compiled_writes(finder: Any, config: PoolConfig) -> tuple[Any, Any, Any, Any]:
-    """``finder``'s ``put``, ``reserve``, ``publish`` and ``evict``, for a pool whose policy
-    keeps no queues (a queue policy's put admits to its lists and ghosts, and its eviction
-    leaves a ghost: Python's); Nones otherwise."""
+RANK_KINDS = {"lru": 1, "fifo": 2, "priority": 3, "ttl": 4, "size": 5}
+"""The sampled policies whose ranking of eviction candidates ``rank`` does in C (a field's
+value as the score; ``lfu``'s decay is numpy's)."""
+
+
+def compiled_writer(finder: Any, config: PoolConfig) -> Any:
+    """``finder``, whose ``put``, ``reserve``, ``publish``, ``evict`` and ``rank`` serve a pool
+    whose policy keeps no queues (a queue policy's put admits to its lists and ghosts, and
+    its eviction leaves a ghost: Python's); None otherwise."""
     if finder is None or get_policy(config.policy).uses_queues:
-        return None, None, None, None
-    return finder.put, finder.reserve, finder.publish, finder.evict
+        return None
+    return finder

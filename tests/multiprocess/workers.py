@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from hashlib import blake2b
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -577,20 +578,26 @@ def cmd_hold_lock(p: dict) -> dict:
 def cmd_reserve_and_hold_lock(p: dict) -> dict:
     """White-box: start a large put, and stop for good right after its pages are reserved.
 
-    ``Store._reserve`` is wrapped (in this child only): once it has made the
-    WRITING entry, still under the lock, the child says ``locked`` and waits
-    to be killed, leaving both ``dirty`` set and a WRITING entry of its own.
+    The store's reserve, compiled and Python's, is wrapped (in this child only): once
+    either has made the WRITING entry, still under the lock, the child says ``locked``
+    and waits to be killed, leaving both ``dirty`` set and a WRITING entry of its own.
     """
     pool = kvcache.open(p["pool"])
-    original = pool._engine._reserve
+    engine = pool._engine
 
-    def reserve_then_hang(*args: object, **kwargs: object) -> int:
-        eid = original(*args, **kwargs)
-        _say("locked")
-        time.sleep(60)  # the parent SIGKILLs us long before this ends
-        return eid
+    def then_hang(reserve: Any) -> Any:
+        def reserve_then_hang(*args: object, **kwargs: object) -> int | None:
+            eid = reserve(*args, **kwargs)
+            if eid is not None:  # the compiled one declines with None: Python's goes on
+                _say("locked")
+                time.sleep(60)  # the parent SIGKILLs us long before this ends
+            return eid
 
-    pool._engine._reserve = reserve_then_hang
+        return reserve_then_hang
+
+    engine._reserve = then_hang(engine._reserve)
+    if engine._reserve_compiled is not None:
+        engine._reserve_compiled = then_hang(engine._reserve_compiled)
     key = p["key"]
     pool.put(key, make_value(key, p["size"], np.random.default_rng(p["seed"])))
     return {"error": "was not killed"}

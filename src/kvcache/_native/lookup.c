@@ -626,6 +626,7 @@ static PyObject *py_key_hash(PyObject *module, PyObject *key) {
 }
 
 #include "put.c"
+#include "rank.c"
 
 static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
     PyObject *fields;
@@ -693,6 +694,7 @@ static PyMethodDef finder_methods[] = {
     {"evict", (PyCFunction)(void (*)(void))evict, METH_FASTCALL, evict_doc},
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL, publish_doc},
+    {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL, rank_doc},
     {NULL, NULL, 0, NULL},
 };
 

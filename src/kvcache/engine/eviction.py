@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from .. import fastpath
 from ..errors import OutOfSharedMemoryError, PoolFullError, corrupt
 from ..layout import ENTRY_WORDS, READY, WRITING, E, H
 from ..policies import QueuePolicy, ScoreContext, choose_victims, rank_victims
@@ -86,12 +87,15 @@ class Evictor:
         table: Table,
         procs: ProcessTable,
         rng: np.random.Generator,
-        evict: Callable[[memoryview, int, float], bool | None] | None = None,
+        writer: Any = None,
     ) -> None:
-        """``evict``: ``evict_one`` compiled (``kvcache._lookup``'s ``evict``), where the pool
-        has it; it answers None where it leaves the eviction to Python."""
+        """``writer``: the compiled writes (``fastpath.compiled_writer``), or None: its
+        ``evict`` does ``evict_one`` and its ``rank`` a sampled policy's ranking, each
+        answering None where it leaves the work to Python."""
         self.table = table
-        self._evict = evict
+        self._evict = None if writer is None else writer.evict
+        kind = fastpath.RANK_KINDS.get(table.config.policy)
+        self._rank = None if writer is None or kind is None else (writer.rank, kind)
         self.name = table.name
         self.config = table.config
         self._hq, self._hd = table.hq, table.hd
@@ -191,13 +195,23 @@ class Evictor:
                 raise corrupt("queue lists: the policy's victim list is empty")
             return np.array([eid]), True
         live = self._views.live[: self._hq[H.num_live]]
+        ctx = self.score_context()
+        rank = None
+        if self._rank is not None:
+            compiled_rank, kind = self._rank
+            raw = self._views.raw
+
+            def rank(ids: np.ndarray, top: int) -> list[int] | None:
+                return compiled_rank(raw, ids, top, ctx.now_s, kind)  # type: ignore[no-any-return]
+
         return choose_victims(
             self._policy,
             self._views.entries,
             live,
-            self.score_context(),
+            ctx,
             self.config.eviction_samples,
             self._rng,
+            rank,
         )
 
     def rank_all(self) -> list[tuple[int, int]]:

@@ -32,7 +32,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -125,10 +125,11 @@ class Store:
         self.lock = PoolLock(
             seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
         )
-        self._put, self._reserve_compiled, self._publish_compiled, evict = fastpath.compiled_writes(
-            table.fast, config
-        )
-        self.evictor = Evictor(table, self.procs, rng, evict)
+        writer = fastpath.compiled_writer(table.fast, config)
+        self._put: Any = None if writer is None else writer.put
+        self._reserve_compiled: Any = None if writer is None else writer.reserve
+        self._publish_compiled: Any = None if writer is None else writer.publish
+        self.evictor = Evictor(table, self.procs, rng, writer)
         table.make_room = self.evictor.make_room
         self.metrics = MetricsRegion(views.metrics, self.lock)
         # Value bytes this process wrote and read, kept back (changed under the lock) until

@@ -1,0 +1,103 @@
+/* The sampled policies' ranking of eviction candidates in C: kvcache.policies.rank_victims
+ * for a sample's best ``top``, for the policies whose score is a field as it is (lru: the
+ * last access, fifo: the creation, priority, ttl: the expiry, size: the pages).
+ *
+ * Part of kvcache._lookup (lookup.c includes it). It orders as numpy does: a candidate's
+ * key is minus its score as a double (the ints converted as numpy's astype converts
+ * them), minus infinity once expired; candidates sort by key, then by last access, then
+ * by their place in the sample (lexsort is stable), NaN keys last; where the top-th key
+ * is NaN none is kept (numpy cuts at the top-th key and keeps the keys at most that: no
+ * key is at most NaN). lfu (a decay through exp2, whose rounding is libm's) is left to
+ * numpy. A candidate out of range answers None.
+ */
+
+enum { RANK_LRU = 1, RANK_FIFO = 2, RANK_PRIORITY = 3, RANK_TTL = 4, RANK_SIZE = 5 };
+
+typedef struct {
+    double key;
+    int64_t last_access, place;
+} Candidate;
+
+/* Whether ``a`` goes before ``b``: key (NaN last), last access, place. */
+static int before(const Candidate *a, const Candidate *b) {
+    int a_nan = isnan(a->key), b_nan = isnan(b->key);
+    if (a_nan != b_nan) return b_nan;
+    if (!a_nan && a->key != b->key) return a->key < b->key;
+    if (a->last_access != b->last_access) return a->last_access < b->last_access;
+    return a->place < b->place;
+}
+
+static double rank_key(const Finder *f, const char *entry, int64_t kind, double now) {
+    const int64_t *w = f->field;
+    double expires_at = load_double(entry, w[F_EXPIRES_AT]);
+    if (expires_at <= now) return -INFINITY;
+    switch (kind) {
+    case RANK_LRU: return (double)load(entry, w[F_LAST_ACCESS]);
+    case RANK_FIFO: return (double)load(entry, w[F_CREATED]);
+    case RANK_PRIORITY: return (double)load(entry, w[F_PRIORITY]);
+    case RANK_TTL: return expires_at;
+    default: return -(double)load(entry, w[F_NUM_PAGES]);
+    }
+}
+
+PyDoc_STRVAR(rank_doc,
+"rank(mapping, ids, top, now, kind) -> list[int] | None\n\n"
+"The places in ``ids`` (an int64 buffer of entry ids: a sample) of the best ``top``\n"
+"victims, best first, as kvcache.policies.rank_victims orders them for policy ``kind``\n"
+"(kvcache.fastpath.RANK_KINDS); None for an id out of range.");
+
+#define RANK_TOP_MAX 64
+
+static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "rank takes mapping, ids, top, now and kind");
+        return NULL;
+    }
+    int64_t top = PyLong_AsLongLong(args[2]), kind = PyLong_AsLongLong(args[4]);
+    double now = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (top < 1 || top > RANK_TOP_MAX || kind < RANK_LRU || kind > RANK_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "rank: top must be 1 to 64 and kind a RANK_KIND");
+        return NULL;
+    }
+    Py_buffer view, ids;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &ids, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Candidate best[RANK_TOP_MAX];
+    int64_t kept = 0, count = ids.len / 8;
+    const char *map = view.buf;
+    int ok = view.len >= f->total_bytes && ids.len % 8 == 0;
+    for (int64_t i = 0; ok && i < count; i++) {
+        int64_t eid = load(ids.buf, i);
+        if (eid < 0 || eid >= f->max_entries) {
+            ok = 0;
+            break;
+        }
+        const char *entry = entry_at(f, map, eid);
+        Candidate c = {rank_key(f, entry, kind, now), load(entry, f->field[F_LAST_ACCESS]), i};
+        if (kept == top && !before(&c, &best[kept - 1])) continue;
+        int64_t at = kept < top ? kept++ : kept - 1; /* insert in order, the worst falls off */
+        while (at > 0 && before(&c, &best[at - 1])) {
+            best[at] = best[at - 1];
+            at--;
+        }
+        best[at] = c;
+    }
+    if (ok) {
+        if (kept && isnan(best[kept - 1].key)) kept = 0; /* numpy's cut: no key <= NaN */
+        result = PyList_New((Py_ssize_t)kept);
+        for (int64_t i = 0; result != NULL && i < kept; i++) {
+            PyObject *place = PyLong_FromLongLong(best[i].place);
+            if (place == NULL) Py_CLEAR(result);
+            else PyList_SET_ITEM(result, (Py_ssize_t)i, place);
+        }
+    }
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&view);
+    if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+    return result;
+}
