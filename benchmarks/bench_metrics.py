@@ -64,12 +64,13 @@ COUNTING_LINES = (
     "if not self._gets_left:",  # with the timed call on the next line
     "if not self._puts_left:",
     "self.bytes_in += self._eq[eid * ENTRY_WORDS + E.value_len]",
+    "self.bytes_in += len(payload) if checksum is not None else 0",
     "self.bytes_out += value_len if count else 0",
 )
 """The lines of ``kvcache/pool.py`` (the countdowns) and ``kvcache/engine/store.py`` (the
 kept-back bytes) by which a get or put counts (the header's hit, miss and put words are
 older than the metrics, and stay); one ending in ``:`` goes with the next."""
-COUNTING_LINES_IN_SOURCE = 12
+COUNTING_LINES_IN_SOURCE = 13
 CASES = ((4 * KiB, 4096), (MiB, 32))
 OPS = ("put", "get", "get_into")
 COUNTING_CLASSES = ((kvcache.pool, "Pool"), (kvcache.engine.store, "Store"))

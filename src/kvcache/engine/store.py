@@ -433,8 +433,7 @@ class Store:
         except (AttributeError, ValueError):
             self._refuse_if_closed()
             raise
-        if checksum is not None:
-            self.bytes_in += len(payload)
+        self.bytes_in += len(payload) if checksum is not None else 0
         return checksum
 
     def _finish(
@@ -451,16 +450,15 @@ class Store:
         if checksum is None:
             self._free_entry(eid)
             return False
-        if (
+        published = (
             compiled
             and self._publish_compiled is not None
             and self._publish_compiled(self.views.raw, eid, checksum, self.clock())
-        ):
-            self.bytes_in += self._eq[eid * ENTRY_WORDS + E.value_len]
-            return True
-        self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
-        if not self._publish(eid, history, replace=replace, parent=parent):
-            return False
+        )
+        if not published:
+            self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
+            if not self._publish(eid, history, replace=replace, parent=parent):
+                return False
         self.bytes_in += self._eq[eid * ENTRY_WORDS + E.value_len]
         return True
 
