@@ -9,13 +9,14 @@ Run from the repository root::
 Why: a put sums a value (XXH3-64, the checksum every read can verify) and copies
 it into the pool. Done as two passes, the caller's bytes come from memory twice;
 in one pass each 16 KiB stretch is summed while it is in the CPU's cache and
-copied from there.
+copied from there; a put's copy into the pool from 64 KiB up also goes round the
+cache (non-temporal stores: ``sum_and_stream``), which the last way times.
 
 Method: each value size copies through a working set larger than the CPU's last
 cache (512 MiB; ``--quick`` 128 MiB), a fresh stretch of source and target per
 value, as values reach a pool in use; a second table repeats one value in place
 (source and target stay cached: the case a loop over one buffer measures). The
-three ways take turns within each repeat and the table shows the median rate and
+four ways take turns within each repeat and the table shows the median rate and
 its ratio to the raw ``numpy.copyto`` of the same repeats.
 
 The first table times 4 KiB operations on one pool per policy (``lru``, whose hits
@@ -58,7 +59,8 @@ Copy = Callable[[np.ndarray, np.ndarray], object]
 def _ways() -> dict[str, Copy]:
     if native.sum_and_copy is None:
         sys.exit("kvcache._copysum is not built (or KVCACHE_PURE_PYTHON is set): nothing to time")
-    one_pass = native.sum_and_copy
+    one_pass, streamed = native.sum_and_copy, native.sum_and_stream
+    assert streamed is not None  # built with sum_and_copy
     return {
         "raw copy (numpy.copyto)": lambda source, target: np.copyto(target, source),
         "sum, then copy (xxhash)": lambda source, target: (
@@ -66,6 +68,7 @@ def _ways() -> dict[str, Copy]:
             np.copyto(target, source),
         ),
         "sum and copy in one pass": lambda source, target: one_pass((), (source,), (target,)),
+        "one pass, round the cache": lambda source, target: streamed((), (source,), (target,)),
     }
 
 
