@@ -661,8 +661,7 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
         engine._reserve_compiled = recording("reserve", engine._reserve_compiled)
         engine._publish_compiled = recording("publish", engine._publish_compiled)
         engine.evictor._evict = recording("evict", engine.evictor._evict)
-        compiled_rank, kind = engine.evictor._rank
-        engine.evictor._rank = recording("rank", compiled_rank), kind
+        engine.evictor._rank = recording("rank", engine.evictor._rank)
         for key in ("a", "b", "a"):
             pool.put(key, b"s" * 3000)
             pool.put(key + "-large", b"L" * 70_000)
@@ -718,6 +717,7 @@ def test_a_sample_is_ranked_in_c_as_numpy_ranks_it(policy, records, draws, top) 
         columns = {name: v.entries[name][ids] for name in ("expires_at", *RANKED_FIELD_VALUES)}
         expected = rank_victims(POLICIES[policy], columns, ctx, top=top).tolist()
         fast = pool._engine.table.fast
-        assert fast.rank(v.raw, ids, top, 1000.0, fastpath.RANK_KINDS[policy]) == expected
+        kind = fastpath.RANK_KINDS[policy]
+        assert fast.rank(v.raw, kind, ids, top, 1000.0) == expected
         ids[-1] = v.geometry.max_entries  # out of range: numpy's, which raises
-        assert fast.rank(v.raw, ids, top, 1000.0, fastpath.RANK_KINDS[policy]) is None
+        assert fast.rank(v.raw, kind, ids, top, 1000.0) is None

@@ -277,7 +277,7 @@ try:
         finders[0].tick(view, rng.random() < 0.5)
         evicted += finders[0].evict(view, rng.randrange(-2, g.max_entries + 2), 0.0) is True
         sample = np.array([rng.randrange(-1, g.max_entries + 1) for _ in range(100)], np.int64)
-        finders[0].rank(view, sample, rng.randrange(1, 17), 0.0, rng.randrange(1, 6))
+        finders[0].rank(view, rng.randrange(1, 6), sample, rng.randrange(1, 17), 0.0)
     assert found > 2000 and stored > 4000 and evicted > 100, (found, stored, evicted)
 finally:
     pool.close()

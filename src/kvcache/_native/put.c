@@ -7,10 +7,12 @@
  * only puts that Python would serve without evicting, reserving memory or judging
  * damage: the pages and an entry slot are free now, the fresh pages it takes are
  * backed already, and every word it will follow or change is in range. It checks all
- * of that first (``plan``), changing nothing, and answers None where anything is off:
- * Python's put then runs, and evicts, grows the pool or raises CorruptPoolError as
- * before. Otherwise (``apply``) it writes what Python writes, store for store in the
- * same order (a differential test compares the two engines' segments byte for byte).
+ * of that first (``plan_reserve``, ``publish_ok``), changing nothing, and answers None
+ * where anything is off: Python's put then runs, and evicts, grows the pool or raises
+ * CorruptPoolError as before. Otherwise (``apply_reserve``, ``apply_publish``) it writes
+ * what Python writes, store for store in the same order (a differential test compares
+ * the two engines' segments byte for byte). A larger put calls the two halves apart
+ * (``reserve``, ``publish``), around a copy made without the lock.
  *
  * Readers without the lock may look at the index and the entries meanwhile: the
  * words that publish an entry or retire one (its state, its generation, its index
@@ -28,6 +30,16 @@
 
 static void store_release(char *base, int64_t word, int64_t value) {
     __atomic_store_n((int64_t *)(void *)(base + word * 8), value, __ATOMIC_RELEASE);
+}
+
+/* The segment ``mapping`` for one of the writes below: 1 with ``view`` held where the
+ * pool's policy keeps no queues and the buffer spans the geometry; 0, nothing held, where
+ * not (the caller answers None); -1 with an exception set. */
+static int write_view(const Finder *f, PyObject *mapping, Py_buffer *view) {
+    if (PyObject_GetBuffer(mapping, view, PyBUF_WRITABLE) < 0) return -1;
+    if (f->hit_kind == HIT_TOUCH && view->len >= f->total_bytes) return 1;
+    PyBuffer_Release(view);
+    return 0;
 }
 
 /* What a put will do, worked out before anything is written. */
@@ -401,7 +413,8 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view, pieces[3] = {{0}};
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int usable = write_view(f, args[0], &view);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *result = NULL;
     int held = 0;
     if (PyObject_GetBuffer(args[1], &pieces[0], PyBUF_SIMPLE) < 0) goto done;
@@ -411,7 +424,7 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (PyObject_GetBuffer(args[4], &pieces[2], PyBUF_SIMPLE) < 0) goto done;
     held = 3;
     int64_t total = pieces[0].len + pieces[1].len + pieces[2].len;
-    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && total <= f->total_bytes) {
+    if (total <= f->total_bytes) {
         Plan p;
         char *map = view.buf;
         key_hash(pieces[0].buf, (size_t)pieces[0].len, &p.lo, &p.hi);
@@ -450,11 +463,12 @@ static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int usable = write_view(f, args[0], &view);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int64_t eid = -1;
     char *map = view.buf;
-    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && fields[2] >= 0 &&
-        fields[3] >= 0 && fields[2] <= f->total_bytes && fields[3] <= f->total_bytes) {
+    if (fields[2] >= 0 && fields[3] >= 0 && fields[2] <= f->total_bytes &&
+        fields[3] <= f->total_bytes) {
         Plan p;
         int64_t total = fields[1] + fields[2] + fields[3];
         key_hash(PyBytes_AS_STRING(args[1]), (size_t)fields[1], &p.lo, &p.hi);
@@ -486,11 +500,12 @@ static PyObject *publish(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double now = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int usable = write_view(f, args[0], &view);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int done = 0;
     char *map = view.buf;
-    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && eid >= 0 &&
-        eid < f->max_entries && load(entry_at(f, map, eid), f->field[F_STATE]) == WRITING) {
+    if (eid >= 0 && eid < f->max_entries &&
+        load(entry_at(f, map, eid), f->field[F_STATE]) == WRITING) {
         Plan p = {.eid = eid, .regret = -1};
         const char *entry = entry_at(f, map, eid);
         p.lo = load(entry, f->field[F_HASH_LO]);
@@ -546,11 +561,11 @@ static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double now = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int usable = write_view(f, args[0], &view);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int done = 0;
     char *map = view.buf;
-    if (f->hit_kind == HIT_TOUCH && view.len >= f->total_bytes && eid >= 0 &&
-        eid < f->max_entries && evict_counts_ok(f, map)) {
+    if (eid >= 0 && eid < f->max_entries && evict_counts_ok(f, map)) {
         const int64_t *w = f->field;
         char *entry = entry_at(f, map, eid);
         int64_t lo = load(entry, w[F_HASH_LO]);

@@ -41,7 +41,7 @@ static double rank_key(const Finder *f, const char *entry, int64_t kind, double 
 }
 
 PyDoc_STRVAR(rank_doc,
-"rank(mapping, ids, top, now, kind) -> list[int] | None\n\n"
+"rank(mapping, kind, ids, top, now) -> list[int] | None\n\n"
 "The places in ``ids`` (an int64 buffer of entry ids: a sample) of the best ``top``\n"
 "victims, best first, as kvcache.policies.rank_victims orders them for policy ``kind``\n"
 "(kvcache.fastpath.RANK_KINDS); None for an id out of range.");
@@ -50,11 +50,11 @@ PyDoc_STRVAR(rank_doc,
 
 static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "rank takes mapping, ids, top, now and kind");
+        PyErr_SetString(PyExc_TypeError, "rank takes mapping, kind, ids, top and now");
         return NULL;
     }
-    int64_t top = PyLong_AsLongLong(args[2]), kind = PyLong_AsLongLong(args[4]);
-    double now = PyFloat_AsDouble(args[3]);
+    int64_t kind = PyLong_AsLongLong(args[1]), top = PyLong_AsLongLong(args[3]);
+    double now = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return NULL;
     if (top < 1 || top > RANK_TOP_MAX || kind < RANK_LRU || kind > RANK_SIZE) {
         PyErr_SetString(PyExc_ValueError, "rank: top must be 1 to 64 and kind a RANK_KIND");
@@ -62,7 +62,7 @@ static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_buffer view, ids;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &ids, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(args[2], &ids, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&view);
         return NULL;
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -95,7 +96,9 @@ class Evictor:
         self.table = table
         self._evict = None if writer is None else writer.evict
         kind = fastpath.RANK_KINDS.get(table.config.policy)
-        self._rank = None if writer is None or kind is None else (writer.rank, kind)
+        self._rank = (
+            None if writer is None or kind is None else partial(writer.rank, table.views.raw, kind)
+        )
         self.name = table.name
         self.config = table.config
         self._hq, self._hd = table.hq, table.hd
@@ -195,23 +198,14 @@ class Evictor:
                 raise corrupt("queue lists: the policy's victim list is empty")
             return np.array([eid]), True
         live = self._views.live[: self._hq[H.num_live]]
-        ctx = self.score_context()
-        rank = None
-        if self._rank is not None:
-            compiled_rank, kind = self._rank
-            raw = self._views.raw
-
-            def rank(ids: np.ndarray, top: int) -> list[int] | None:
-                return compiled_rank(raw, ids, top, ctx.now_s, kind)  # type: ignore[no-any-return]
-
         return choose_victims(
             self._policy,
             self._views.entries,
             live,
-            ctx,
+            self.score_context(),
             self.config.eviction_samples,
             self._rng,
-            rank,
+            self._rank,
         )
 
     def rank_all(self) -> list[tuple[int, int]]:

@@ -332,10 +332,17 @@ class Store:
             if self.slot < 0:
                 self._refuse_writes()
             # a fresh put (not a restore's or a move's) may reserve and publish in C
-            compiled = history is None and replace and parent is None and evict_within_reserved
+            compiled = (
+                self._reserve_compiled is not None
+                and history is None
+                and replace
+                and parent is None
+                and evict_within_reserved
+            )
             with self.lock:
-                reserved = (
-                    self._reserve_compiled(
+                eid = None
+                if compiled:
+                    eid = self._reserve_compiled(
                         self.views.raw,
                         key_bytes,
                         flags,
@@ -347,11 +354,8 @@ class Store:
                         self.slot,
                         self.serial,
                     )
-                    if compiled and self._reserve_compiled is not None
-                    else None
-                )
-                eid = (
-                    self._reserve(
+                if eid is None:  # not compiled, or left to Python (room to make, damage)
+                    eid = self._reserve(
                         flags,
                         key_bytes,
                         header_len,
@@ -363,9 +367,6 @@ class Store:
                         fresh=history is None,
                         parent=parent,
                     )
-                    if reserved is None
-                    else reserved
-                )
                 if eid < 0:
                     return False
                 generation = self._eq[eid * ENTRY_WORDS + E.generation]
@@ -446,15 +447,12 @@ class Store:
         compiled: bool,
     ) -> bool:
         """Publish WRITING entry ``eid`` with ``checksum`` (None: free it); in C where
-        ``compiled`` allows and the compiled publish takes it."""
+        ``compiled`` (a fresh put, the compiled writes built) and the compiled publish
+        takes it."""
         if checksum is None:
             self._free_entry(eid)
             return False
-        published = (
-            compiled
-            and self._publish_compiled is not None
-            and self._publish_compiled(self.views.raw, eid, checksum, self.clock())
-        )
+        published = compiled and self._publish_compiled(self.views.raw, eid, checksum, self.clock())
         if not published:
             self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
             if not self._publish(eid, history, replace=replace, parent=parent):

@@ -65,7 +65,7 @@ def choose_victims(
     ctx: ScoreContext,
     num_samples: int,
     rng: np.random.Generator,
-    rank: Callable[[np.ndarray, int], list[int] | None] | None = None,
+    rank: Callable[[np.ndarray, int, float], list[int] | None] | None = None,
 ) -> tuple[np.ndarray, bool]:
     """Entry ids to evict, best first, and whether the ranking was exact.
 
@@ -82,8 +82,8 @@ def choose_victims(
         table: the whole entry table (structured view).
         live_ids: ids of READY entries.
         num_samples: draws per victim.
-        rank: the sample's best ``top`` places, compiled (``kvcache._lookup``'s ``rank``),
-            or None where it leaves the ranking to numpy.
+        rank: ``rank(ids, top, now_s)``, the sample's best ``top`` places, compiled
+            (``kvcache._lookup``'s ``rank``), or None where it leaves the ranking to numpy.
     """
     if live_ids.size <= num_samples:
         return live_ids[rank_victims(policy, table[live_ids], ctx)], True
@@ -91,7 +91,7 @@ def choose_victims(
     # Duplicate draws are harmless: the caller skips ids it already evicted.
     ids = live_ids[rng.integers(0, live_ids.size, num_samples * batch)]
     if rank is not None and ids.size > batch:  # numpy's cut at the top, which C follows
-        places = rank(ids, batch)
+        places = rank(ids, batch, ctx.now_s)
         if places is not None:
             return ids[places], False
     columns = {name: table[name][ids] for name in (*RANKING_FIELDS, *policy.fields)}
