@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, fastpath, native
 from kvcache.keys import encode_key, key_hash
-from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, E
+from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, E, H
+from kvcache.lock import owner_word
 from kvcache.policies import POLICIES
 from kvcache.regret import sample_shift
 from test_segment_damage import VALUES, damaged_pool, word
@@ -554,11 +555,13 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
             value = bytes([size % 251]) * size
             start = bytes(raw)
             engine._put = recorded
+            calls.clear()
             with contextlib.suppress(CorruptPoolError):
                 pool.put(key, value)
+            for before, answer, after in calls:  # lock busy, no room, or left to Python
+                assert (answer is not None and answer >= 0) or after == before
             before, answer, after = calls[-1]
             if answer is None:
-                assert after == before  # declined: nothing written
                 continue
             by_c = bytes(raw)
             raw[:] = start
@@ -667,10 +670,83 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
             pool.put(key + "-large", b"L" * 70_000)
         taken = {name: [a is not None for a in got] for name, got in answers.items()}
         assert taken == {"put": [True] * 3, "reserve": [True] * 3, "publish": [True] * 3}
+        answers["put"].clear()
         for i in range(300):  # a 256 KiB pool: these evict, ranking samples of 64
             pool.put(f"fill{i}", b"f" * 100)
+        # where C found no room, Python made it and C put the value after all
+        assert fastpath.NO_ROOM in answers["put"] and None not in answers["put"]
+        assert sum(a >= 0 for a in answers["put"]) == 300
         assert pool.stats().evictions and all(answers["evict"])
         assert answers["rank"] and all(places is not None for places in answers["rank"])
+
+
+@compiled
+@pytest.mark.parametrize("in_the_way", ["held", "flock user", "dirty", "retired"])
+def test_a_put_takes_a_free_lock_word_itself_and_leaves_anything_else_to_the_lock(
+    in_the_way: str,
+) -> None:
+    """A small put passes the lock's owner word and takes the lock in C where it is free:
+    the word and ``dirty`` are zero after, as after a hold of the Python lock. Where the
+    word is held, a flock-only process is counted, a holder died mid-way or the pool is
+    retired, C answers ``LOCK_BUSY`` having written nothing, for the lock to decide."""
+    with new_pool("lru", Ticks(), pure=False) as pool:
+        engine = pool._engine
+        pool.put("first", b"")  # reserves the pool's memory (in Python: a system call)
+        header, raw, word = engine.views.header_q, engine.views.raw, engine.lock.word
+        assert word  # this process locks by the word
+        args = (b"key", 0, b"", memoryview(b"v" * 100), 0, math.inf, 0.0, engine.slot, 1)
+        assert engine._put(raw, *args, word) not in (None, fastpath.LOCK_BUSY)
+        assert header[H.lock_word] == header[H.dirty] == 0
+        planted = {
+            "held": (H.lock_word, owner_word(engine.slot + 1, 7)),
+            "flock user": (H.flock_users, 1),
+            "dirty": (H.dirty, 1),
+            "retired": (H.retired, 1),
+        }
+        at, value = planted[in_the_way]
+        header[at] = value
+        before = bytes(raw)
+        assert engine._put(raw, *args, word) == fastpath.LOCK_BUSY
+        assert bytes(raw) == before
+        header[at] = 0
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_key_put_again_into_a_full_pool_counts_its_regret_before_room_is_made(pure: bool):
+    """The regret ring's oldest record names a key that is put again into a full pool: its
+    gap is counted before the eviction that makes room overwrites the record, in C (where
+    Python makes the room and asks for the key first) as in Python."""
+    with new_pool("lru", Ticks(), pure=pure) as pool:
+        engine = pool._engine
+        header = engine.views.header_q
+        mask = (1 << sample_shift(engine.views.geometry.max_entries)) - 1
+        keys = [k for k in (f"key{i}".encode() for i in range(2000)) if not key_hash(k)[1] & mask]
+        for key in keys[:110]:  # 7 KiB values: 36 live at most, ranked exactly; 74 evicted
+            pool.put(key, b"v" * 7000)
+        oldest = H.regret_ring + header[H.regret_next] % 64 * 3
+        (again,) = [k for k in keys[:110] if key_hash(k)[0] | 1 == header[oldest]]
+        counted = sum(header[H.regret_seconds + i] for i in range(25))
+        answers: list[object] = []
+        if not pure:
+            put = engine._put
+            engine._put = lambda *args: answers.append(put(*args)) or answers[-1]
+        pool.put(again, b"v" * 7000)
+        assert sum(header[H.regret_seconds + i] for i in range(25)) == counted + 1
+        assert pure or (fastpath.NO_ROOM in answers and answers[-1] >= 0)  # type: ignore[operator]
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(
+    live=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=50),
+    words=st.lists(st.integers(0, 2**64 - 1), max_size=100),
+)
+def test_a_sample_is_drawn_in_c_as_numpy_draws_it(live: list[int], words: list[int]) -> None:
+    """``draw`` is numpy's ``live[words % live.size]``, any live word (damaged) included."""
+    live_ids, raw = np.array(live, np.int64), np.array(words, np.uint64)
+    ids = np.full(raw.size, 7, np.int64)
+    native.draw(live_ids, raw, ids)
+    assert ids.tolist() == live_ids[raw % np.uint64(live_ids.size)].tolist()
 
 
 RANKED_FIELD_VALUES = {

@@ -268,8 +268,9 @@ try:
             found += finder.present(view, key_bytes, 0.0) is True
             for put_key in (key_bytes, f"new{rng.randrange(100)}".encode()):  # replace, add
                 payload = np.full(rng.choice([0, 1, 1000, 5000]), 7, np.uint8)  # malloc'd whole
+                lock_word = rng.choice([(), (5,)])  # held by the caller, or taken here
                 stored += finders[0].put(view, put_key, 0, b"", payload, 0, float("inf"), 0.0,
-                                         0, 1) is not None
+                                         0, 1, *lock_word) not in (None, -1)
             eid = finders[0].reserve(view, key_bytes, 0, 0, rng.choice([0, 70000]), 0,
                                      float("inf"), 0.0, 0, 1)
             eid = rng.randrange(-2, g.max_entries + 2) if eid is None else eid

@@ -59,6 +59,8 @@ def encode(value: object, max_bytes: int) -> Encoded:
         ValueTooLargeError: an array to copy has more than ``max_bytes``
             (its header included).
     """
+    if type(value) is bytes:  # the common value, one flat run of bytes: 0.3 us of a put
+        return Encoded(False, b"", memoryview(value))
     if isinstance(value, (np.ndarray, np.generic)):  # a numpy scalar comes back as a 0-d array
         return _encode_array(np.asarray(value), max_bytes)
     if isinstance(value, str):

@@ -52,6 +52,12 @@ from .regret import sample_shift
 
 ABSENT = -2
 """``find_hit``'s answer for a key certainly not in the index: the caller counts the miss."""
+LOCK_BUSY = -1
+"""``put``'s answer where it was to take the lock itself and did not (held, a flock user
+counted, a repair due): nothing written; the caller takes the lock and calls again."""
+NO_ROOM = -2
+"""``put``'s answer where pages or an entry slot must be freed first: nothing written; the
+caller makes room under the lock (``Table.room_for_put``) and calls again."""
 
 FIELDS = (
     E.generation,
@@ -109,6 +115,8 @@ FIELDS = (
     H.regret_next,
     H.regret_unrequested,
     H.evictions,
+    H.dirty,
+    H.lock_word,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 

@@ -164,6 +164,13 @@ class PoolLock:
         """Whether closing began (see :meth:`closing`)."""
         return self._closed
 
+    @property
+    def word(self) -> int:
+        """The owner word with which a compiled call may take the lock itself while it is
+        free (``kvcache._lookup``'s ``put``); 0 where this handle must lock here (flock,
+        closed)."""
+        return 0 if self._closed else self._mine
+
     def own(self, slot: int, serial: int) -> None:
         """Lock through the lock word as the holder of ``slot`` as ``serial``, where the
         compiled lock is built and the kernel lets this process take part in the fence;

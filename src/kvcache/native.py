@@ -57,6 +57,11 @@ Finder: Any = _compiled("_lookup", "Finder")
 """``kvcache._lookup.Finder``, a get's hit in C (built for one segment by
 ``kvcache.fastpath``); None: not built, or ``KVCACHE_PURE_PYTHON`` is set."""
 
+draw: Callable[[Any, Any, Any], None] | None = _compiled("_lookup", "draw")
+"""``draw(live, words, ids)``: ``ids[:] = live[words % len(live)]`` (int64 ``live`` and
+``ids``, uint64 ``words``), an eviction sample's ids in one pass (None: not built, or
+``KVCACHE_PURE_PYTHON`` is set)."""
+
 reads_without_lock: bool = bool(_compiled("_lookup", "UNLOCKED_READS"))
 """Whether ``Finder.read`` and ``Finder.present`` can answer without the pool's lock on
 this platform (x86-64, see ``kvcache._lookup``); elsewhere they always answer None."""

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from workers import deadline, start_script, wait_for_line
 
 import kvcache
-from kvcache import native
+from kvcache import fastpath, native
 from kvcache.layout import HEADER_BYTES, HEADER_DTYPE, H
 
 SPARE = HEADER_BYTES // 8 - 1
@@ -142,6 +143,44 @@ def test_threads_lose_no_increment(make_pool) -> None:
     for thread in threads:
         thread.join(timeout=120)
     assert header[SPARE] == 8000
+
+
+@needs_compiled
+def test_a_put_taking_the_word_in_c_waits_for_a_thread_holding_the_lock(make_pool) -> None:
+    """A small put takes the lock word in C without the thread lock (the GIL keeps this
+    process's threads out for the call): while another thread holds the lock, across a
+    hand-over of the GIL, no put lands; the put waits for the lock instead."""
+    pool = make_pool("1M", page_size="16K", policy="lru")
+    engine = pool._engine
+    lock, header = engine.lock, engine.views.header_q
+    pool.put("first", b"")  # reserves the pool's memory
+    put, answers, landed_while_held = engine._put, [], []
+    engine._put = lambda *args: answers.append(put(*args)) or answers[-1]
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            with lock:
+                puts = header[H.puts]
+                time.sleep(0)  # hand the GIL over while holding the lock
+                landed_while_held.append(header[H.puts] != puts)
+
+    thread = threading.Thread(target=hold)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over often, mid-put included
+    thread.start()
+    try:
+        for i in range(3000):
+            pool.put(f"key{i % 50}", bytes([i % 251]) * 100)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        sys.setswitchinterval(interval)
+    assert len(landed_while_held) > 100 and not any(landed_while_held)
+    taken_in_c = [a for a in answers if a not in (None, fastpath.LOCK_BUSY)]
+    assert fastpath.LOCK_BUSY in answers and len(taken_in_c) > 100  # both ways were taken
+    assert all(pool.get(f"key{i}") == bytes([(2950 + i) % 251]) * 100 for i in range(50))
+    assert pool.check() == []
 
 
 def test_a_forked_child_and_its_parent_exclude_each_other(make_pool) -> None:

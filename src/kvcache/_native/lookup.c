@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lockword.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 /* xxhash inline, its long-input sums picking SSE2, AVX2 or AVX-512 at run time: a
  * verified 64 KiB get sums at twice the speed of the SSE2 build (measured) */
@@ -71,7 +73,8 @@ enum {
     F_NUM_FREE_PAGES, F_FREE_PAGE_HEAD, F_NEXT_FRESH_PAGE, F_RESERVED_PAGES, F_USED_PAGES,
     F_FREE_ENTRY_HEAD, F_NEXT_FRESH_ENTRY, F_NUM_LIVE, F_PUTS, F_NEXT_EXPIRY_AT,
     F_REGRET_SECONDS, F_REGRET_SECONDS_SUM, F_REGRET_ACCESSES, F_REGRET_ACCESSES_SUM,
-    F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, NUM_FIELDS
+    F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, F_DIRTY, F_LOCK_WORD,
+    NUM_FIELDS
 };
 
 /* What a hit does to a queue policy's lists (kvcache.fastpath.HIT_KINDS). */
@@ -715,6 +718,7 @@ static PyTypeObject FinderType = {
 
 static PyMethodDef methods[] = {
     {"key_hash", py_key_hash, METH_O, key_hash_doc},
+    {"draw", (PyCFunction)(void (*)(void))draw, METH_FASTCALL, draw_doc},
     {NULL, NULL, 0, NULL},
 };
 

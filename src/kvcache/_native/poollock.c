@@ -29,18 +29,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
-#include <linux/futex.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "lockword.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvcache._poollock waits on the low half of a little-endian word"
 #endif
 
-#define WAITERS (UINT64_C(1) << 31)
 #define SPINS 200            /* loads before sleeping: a holder's section is ~1-5 us */
 #define WAIT_NS 5000000L     /* 5 ms asleep, then the caller checks the owner's lease */
 #define MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED 4
@@ -179,8 +175,7 @@ static PyObject *unlock(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     Header h;
     if (open_header(args[0], args[1], args[2], &h) < 0) return NULL;
-    uint64_t was = atomic_exchange_explicit(h.word, 0, memory_order_release);
-    if (was & WAITERS) syscall(SYS_futex, (uint32_t *)h.word, FUTEX_WAKE, 1, NULL, NULL, 0);
+    lock_word_free(h.word);
     PyBuffer_Release(&h.view);
     Py_RETURN_NONE;
 }

@@ -143,9 +143,12 @@ static int publish_ok(const Finder *f, const char *map, const Plan *p, int bumps
            load(entry_at(f, map, p->eid), w[F_GENERATION]) <= INT64_MAX - bumps;
 }
 
-/* Everything Python's reserve would check or could fail on, checked; 0 where Python must
- * do it (room to make, memory to reserve, any word out of range). Sets what reserve will
- * do, and ``p->old`` to the key's entry now (-1: none). */
+enum { LEAVE_TO_PYTHON = 0, PLANNED = 1, NO_ROOM = 2 };
+
+/* Everything Python's reserve would check or could fail on, checked: PLANNED, with what
+ * reserve will do set, and ``p->old`` the key's entry now (-1: none); NO_ROOM where all
+ * is in range but pages or an entry slot must be freed first (Python's make_room);
+ * LEAVE_TO_PYTHON where Python must do it (memory to reserve, any word out of range). */
 static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64_t total,
                         Plan *p) {
     const int64_t *w = f->field, n = f->max_entries, pages = f->num_pages;
@@ -160,19 +163,12 @@ static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64
     /* make_room: nothing to evict (PageAllocator.num_available, EntryTable.has_free_slot) */
     int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), fresh = load(map, w[F_NEXT_FRESH_PAGE]);
     int64_t reserved = load(map, w[F_RESERVED_PAGES]), used = load(map, w[F_USED_PAGES]);
-    if (num_free < 0 || num_free > pages || fresh < 0 || fresh > pages ||
-        num_free + pages - fresh < p->num_pages || used < 0 || used > pages)
-        return 0;
-    /* EntryTable.claim */
     int64_t head = load(map, w[F_FREE_ENTRY_HEAD]), next_entry = load(map, w[F_NEXT_FRESH_ENTRY]);
-    if (head) {
-        if (head < 1 || head > n) return 0;
-        p->eid = head - 1;
-    } else if (next_entry >= 0 && next_entry < n) {
-        p->eid = next_entry;
-    } else {
-        return 0;
-    }
+    if (num_free < 0 || num_free > pages || fresh < 0 || fresh > pages || used < 0 ||
+        used > pages || head < 0 || head > n || next_entry < 0 || next_entry > n)
+        return LEAVE_TO_PYTHON;
+    if (num_free + pages - fresh < p->num_pages || (!head && next_entry == n)) return NO_ROOM;
+    p->eid = head ? head - 1 : next_entry; /* EntryTable.claim */
     /* A FREE slot (Python checks that only on the free chain): a READY one, or the old
      * entry itself, would be overwritten. */
     const char *claimed = entry_at(f, map, p->eid);
@@ -194,7 +190,7 @@ static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64
             if (i + 1 < p->from_free) page = load(links, page);
         }
     }
-    return chain_ok(f, map, p);
+    return chain_ok(f, map, p) ? PLANNED : LEAVE_TO_PYTHON;
 }
 
 /* RegretSample.request for the record found by regret_record. */
@@ -394,23 +390,48 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
 
 PyDoc_STRVAR(put_doc,
 "put(mapping, key_bytes, flags, header, payload, priority, expires_at, now, owner_slot,\n"
-"    owner_serial) -> int | None\n\n"
+"    owner_serial, lock_word=0) -> int | None\n\n"
 "Store a new entry of ``key_bytes`` (codec ``header`` and ``payload``, buffers) in one\n"
 "go, replacing the key's entry if there is one, and answer its checksum (summed while\n"
-"its bytes were copied); None, having changed nothing, where the put needs anything\n"
-"but free pages and a free slot (eviction, memory to reserve) or meets a word out of\n"
-"range: the caller then puts the Python way, which decides. For pools whose policy\n"
-"keeps no queues; the caller holds the pool's lock.");
+"its bytes were copied); -2, having changed nothing, where pages or an entry slot\n"
+"must be freed first (the caller makes room and calls again); None, having changed\n"
+"nothing, where the put needs anything else (memory to reserve) or meets a word out\n"
+"of range: the caller then puts the Python way, which decides. For pools whose policy\n"
+"keeps no queues. The caller holds the pool's lock, or passes its ``lock_word`` (the\n"
+"owner word of a process that locks by the word alone) for the put to take it here if\n"
+"it is free, no flock user is counted and no repair is due; else the put answers -1,\n"
+"having changed nothing, and the caller takes the lock and calls again.");
+
+/* The pool's lock for one put, taken here as kvcache.lock's ``__enter__`` takes it where
+ * nothing is in the way: the word was free, no flock-only process is counted (it would
+ * need the flock too), the pool is not retired and no holder died mid-way (``dirty``:
+ * repair). The GIL, held throughout the call, keeps this process's other threads out
+ * as the lock's thread lock would. 1 taken; 0 not, and nothing changed. */
+static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
+    _Atomic uint64_t *word = (_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8);
+    _Atomic uint64_t *users = (_Atomic uint64_t *)(void *)(map + f->field[F_FLOCK_USERS] * 8);
+    uint64_t seen = 0;
+    if (!atomic_compare_exchange_strong_explicit(word, &seen, mine, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return 0;
+    if (atomic_load_explicit(users, memory_order_seq_cst) == 0 &&
+        load(map, f->field[F_RETIRED]) == 0 && load(map, f->field[F_DIRTY]) == 0)
+        return 1;
+    lock_word_free(word);
+    return 0;
+}
 
 static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || !PyBytes_Check(args[1])) {
+    if ((nargs != 10 && nargs != 11) || !PyBytes_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "put takes mapping, key_bytes, flags, header, payload, "
-                                         "priority, expires_at, now, owner_slot, owner_serial");
+                                         "priority, expires_at, now, owner_slot, owner_serial "
+                                         "and lock_word");
         return NULL;
     }
     int64_t flags = PyLong_AsLongLong(args[2]), priority = PyLong_AsLongLong(args[5]);
     int64_t owner_slot = PyLong_AsLongLong(args[8]), owner_serial = PyLong_AsLongLong(args[9]);
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
+    uint64_t mine = nargs == 11 ? PyLong_AsUnsignedLongLongMask(args[10]) : 0;
     if (PyErr_Occurred()) return NULL;
     Py_buffer view, pieces[3] = {{0}};
     int usable = write_view(f, args[0], &view);
@@ -424,16 +445,25 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (PyObject_GetBuffer(args[4], &pieces[2], PyBUF_SIMPLE) < 0) goto done;
     held = 3;
     int64_t total = pieces[0].len + pieces[1].len + pieces[2].len;
-    if (total <= f->total_bytes) {
-        Plan p;
-        char *map = view.buf;
-        key_hash(pieces[0].buf, (size_t)pieces[0].len, &p.lo, &p.hi);
-        /* the index is not changed by reserve: the key's old entry stays what it is */
-        if (plan_reserve(f, map, pieces[0].len, total, &p) && publish_ok(f, map, &p, 2))
-            result = PyLong_FromUnsignedLongLong(
-                apply(f, map, &p, pieces, flags, priority, expires_at, now, owner_slot,
-                      owner_serial));
+    char *map = view.buf;
+    if (total > f->total_bytes) goto done;
+    if (mine && !take_lock_word(f, map, mine)) {
+        result = PyLong_FromLong(-1);
+        goto done;
     }
+    Plan p;
+    key_hash(pieces[0].buf, (size_t)pieces[0].len, &p.lo, &p.hi);
+    /* the index is not changed by reserve: the key's old entry stays what it is */
+    int plan = plan_reserve(f, map, pieces[0].len, total, &p);
+    if (plan == NO_ROOM) result = PyLong_FromLong(-2);
+    if (plan == PLANNED && publish_ok(f, map, &p, 2)) {
+        if (mine) store(map, f->field[F_DIRTY], 1); /* a crash from here on: repair */
+        uint64_t checksum = apply(f, map, &p, pieces, flags, priority, expires_at, now,
+                                  owner_slot, owner_serial);
+        if (mine) store(map, f->field[F_DIRTY], 0);
+        result = PyLong_FromUnsignedLongLong(checksum);
+    }
+    if (mine) lock_word_free((_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8));
 done:
     for (int i = 0; i < held; i++) PyBuffer_Release(&pieces[i]);
     PyBuffer_Release(&view);
@@ -472,7 +502,7 @@ static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         Plan p;
         int64_t total = fields[1] + fields[2] + fields[3];
         key_hash(PyBytes_AS_STRING(args[1]), (size_t)fields[1], &p.lo, &p.hi);
-        if (total <= f->total_bytes && plan_reserve(f, map, fields[1], total, &p)) {
+        if (total <= f->total_bytes && plan_reserve(f, map, fields[1], total, &p) == PLANNED) {
             apply_reserve(f, map, &p, fields, priority, expires_at, now, owner_slot,
                           owner_serial);
             eid = p.eid;

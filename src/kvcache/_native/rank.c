@@ -101,3 +101,44 @@ static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
     return result;
 }
+
+PyDoc_STRVAR(draw_doc,
+"draw(live, words, ids) -> None\n\n"
+"Fill ``ids`` (int64) with ``live[words[i] % len(live)]``: a sample of the live entries\n"
+"drawn by random 64-bit ``words`` (uint64, as many as ``ids``), as numpy's\n"
+"``live[words % len(live)]`` draws it.");
+
+static PyObject *draw(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "draw takes live, words and ids");
+        return NULL;
+    }
+    Py_buffer live, words, ids;
+    if (PyObject_GetBuffer(args[0], &live, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &words, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&live);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &ids, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&words);
+        PyBuffer_Release(&live);
+        return NULL;
+    }
+    uint64_t count = (uint64_t)live.len / 8;
+    int ok = live.len % 8 == 0 && count > 0 && words.len % 8 == 0 && ids.len == words.len;
+    if (ok) {
+        for (int64_t i = 0; i < words.len / 8; i++) {
+            uint64_t word = (uint64_t)load(words.buf, i);
+            store(ids.buf, i, load(live.buf, (int64_t)(word % count)));
+        }
+    } else {
+        PyErr_SetString(PyExc_ValueError, "draw: live, words and ids must be 8-byte items, "
+                                          "live not empty, ids as long as words");
+    }
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&words);
+    PyBuffer_Release(&live);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}

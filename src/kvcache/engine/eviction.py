@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from .. import fastpath
+from .. import fastpath, native
 from ..errors import OutOfSharedMemoryError, PoolFullError, corrupt
 from ..layout import ENTRY_WORDS, READY, WRITING, E, H
 from ..policies import QueuePolicy, ScoreContext, choose_victims, rank_victims
@@ -206,6 +206,7 @@ class Evictor:
             self.config.eviction_samples,
             self._rng,
             self._rank,
+            native.draw,
         )
 
     def rank_all(self) -> list[tuple[int, int]]:

@@ -407,34 +407,40 @@ class Store:
         priority: int,
         expires_at: float,
     ) -> int | None:
-        """A fresh put of up to ``INLINE_COPY_MAX_BYTES`` in one compiled call under the lock
-        (``kvcache._lookup``'s ``put``): the checksum it published, or None where it left the
-        put to ``write`` (room to make, memory to reserve, a queue policy, damage), having
-        written nothing."""
+        """A fresh put of up to ``INLINE_COPY_MAX_BYTES`` in one compiled call, which takes
+        the lock itself where it is free (``kvcache._lookup``'s ``put``); where there is no
+        room, Python's eviction makes it and the call is made again: the checksum it
+        published, or None where it left the put to ``write`` (memory to reserve, a queue
+        policy, damage), having written nothing."""
         put = self._put
         if put is None or self.slot < 0:
             return None
+        num_pages = -(-(len(key_bytes) + len(header) + len(payload)) // self._page_size)
         if self.spill is not None:
-            total = len(key_bytes) + len(header) + len(payload)
-            self.spill(-(-total // self._page_size))
+            self.spill(num_pages)
+        args = (key_bytes, flags, header, payload, priority, expires_at)
         try:
-            with self.lock:
-                checksum: int | None = put(
-                    self.views.raw,
-                    key_bytes,
-                    flags,
-                    header,
-                    payload,
-                    priority,
-                    expires_at,
-                    self.clock(),
-                    self.slot,
-                    self.serial,
-                )
-        except (AttributeError, ValueError):
+            checksum: int | None = fastpath.LOCK_BUSY
+            if word := self.lock.word:
+                checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial, word)
+            if checksum == fastpath.LOCK_BUSY or checksum == fastpath.NO_ROOM:
+                with self.lock:
+                    checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
+                    if checksum == fastpath.NO_ROOM:
+                        self.table.room_for_put(key_bytes, num_pages)
+                        checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
+        except (PoolFullError, OutOfSharedMemoryError):
+            self.count_error()
+            raise
+        except AttributeError:  # views dropped by a close in another thread
             self._refuse_if_closed()
             raise
-        self.bytes_in += len(payload) if checksum is not None else 0
+        except DAMAGE_SIGNS as exc:  # a buffer released by a close in another thread, or damage
+            self._refuse_if_closed()
+            raise_as_damage(self.name, exc)
+        if checksum is None or checksum < 0:
+            return None
+        self.bytes_in += len(payload)
         return checksum
 
     def _finish(

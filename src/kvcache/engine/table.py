@@ -320,13 +320,7 @@ class Table:
                 recalled = self._recall(self.queues, lo, parent_eid)
             else:
                 recalled = RECALL_AT_ADMIT
-        try:
-            self.make_room(num_pages, recalled=recalled)
-        except PoolFullError:
-            if (self.views.entries["state"] == WRITING).any():
-                raise
-            # Nothing left to evict and no one writing: the free counts are wrong.
-            raise damaged(self.name, "no room, yet no entry is left to evict") from None
+        self._room(num_pages, recalled)
         try:
             first, last = self.allocator.allocate(num_pages)
         except OutOfSharedMemoryError:
@@ -358,6 +352,26 @@ class Table:
         q[base + E.owner_slot], q[base + E.owner_serial] = self.owner
         q[base + E.state] = WRITING
         return eid
+
+    def room_for_put(self, key_bytes: bytes, num_pages: int) -> None:
+        """``reserve``'s steps before it takes pages, for a fresh put without a parent in a
+        pool whose policy keeps no queues (a new key is a request for the regret sample,
+        then room is made): the compiled put, told there is no room, calls this and tries
+        again."""
+        lo, hi = key_hash(key_bytes)
+        if self.index.find(lo, hi) < 0:
+            self.regret.request(lo, hi, self.clock)
+        self._room(num_pages, -1)
+
+    def _room(self, num_pages: int, recalled: int) -> None:
+        """``make_room``, where a pool with nothing left to evict and no one writing is
+        damaged (its free counts are wrong)."""
+        try:
+            self.make_room(num_pages, recalled=recalled)
+        except PoolFullError:
+            if (self.views.entries["state"] == WRITING).any():
+                raise
+            raise damaged(self.name, "no room, yet no entry is left to evict") from None
 
     def publish(
         self,

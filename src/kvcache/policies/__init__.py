@@ -66,6 +66,7 @@ def choose_victims(
     num_samples: int,
     rng: np.random.Generator,
     rank: Callable[[np.ndarray, int, float], list[int] | None] | None = None,
+    draw: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> tuple[np.ndarray, bool]:
     """Entry ids to evict, best first, and whether the ranking was exact.
 
@@ -84,12 +85,20 @@ def choose_victims(
         num_samples: draws per victim.
         rank: ``rank(ids, top, now_s)``, the sample's best ``top`` places, compiled
             (``kvcache._lookup``'s ``rank``), or None where it leaves the ranking to numpy.
+        draw: ``draw(live_ids, words, ids)``, numpy's ``live_ids[words % live_ids.size]``
+            compiled (``kvcache.native.draw``), or None.
     """
     if live_ids.size <= num_samples:
         return live_ids[rank_victims(policy, table[live_ids], ctx)], True
     batch = min(EVICTION_BATCH, live_ids.size // num_samples)
-    # Duplicate draws are harmless: the caller skips ids it already evicted.
-    ids = live_ids[rng.integers(0, live_ids.size, num_samples * batch)]
+    # Duplicate draws are harmless: the caller skips ids it already evicted. Raw words
+    # modulo the live count (biased by at most live / 2**64) cost a third of rng.integers.
+    words = rng.bit_generator.random_raw(num_samples * batch)
+    if draw is None:
+        ids = live_ids[words % np.uint64(live_ids.size)]
+    else:
+        ids = np.empty(words.size, np.int64)
+        draw(live_ids, words, ids)
     if rank is not None and ids.size > batch:  # numpy's cut at the top, which C follows
         places = rank(ids, batch, ctx.now_s)
         if places is not None:
