@@ -415,9 +415,8 @@ class Store:
         put = self._put
         if put is None or self.slot < 0:
             return None
-        num_pages = -(-(len(key_bytes) + len(header) + len(payload)) // self._page_size)
         if self.spill is not None:
-            self.spill(num_pages)
+            self.spill(self._pages_for(key_bytes, header, payload))
         args = (key_bytes, flags, header, payload, priority, expires_at)
         try:
             checksum: int | None = fastpath.LOCK_BUSY
@@ -427,7 +426,8 @@ class Store:
                 with self.lock:
                     checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
                     if checksum == fastpath.NO_ROOM:
-                        self.table.room_for_put(key_bytes, num_pages)
+                        pages = self._pages_for(key_bytes, header, payload)
+                        self.table.room_for_put(key_bytes, pages)
                         checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
         except (PoolFullError, OutOfSharedMemoryError):
             self.count_error()
@@ -442,6 +442,10 @@ class Store:
             return None
         self.bytes_in += len(payload)
         return checksum
+
+    def _pages_for(self, key_bytes: bytes, header: bytes, payload: memoryview) -> int:
+        """The pages an entry of these pieces takes."""
+        return -(-(len(key_bytes) + len(header) + len(payload)) // self._page_size)
 
     def _finish(
         self,
