@@ -145,7 +145,9 @@ def test_threads_lose_no_increment(make_pool) -> None:
     assert header[SPARE] == 8000
 
 
-@needs_compiled
+@pytest.mark.skipif(
+    native.Finder is None or native.poollock is None, reason="the compiled put and lock word"
+)
 def test_a_put_taking_the_word_in_c_waits_for_a_thread_holding_the_lock(make_pool) -> None:
     """A small put takes the lock word in C without the thread lock (the GIL keeps this
     process's threads out for the call): while another thread holds the lock, across a
