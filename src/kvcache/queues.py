@@ -335,6 +335,13 @@ class Queues:
     def set_reads(self, eid: int, reads: int) -> None:
         self._q[eid * ENTRY_WORDS + E.reads] = reads
 
+    def parent(self, eid: int) -> int:
+        """The chunk entry ``eid`` was put under (a prefix-tracking pool's tree), or -1."""
+        link = self._q[eid * ENTRY_WORDS + E.parent]
+        if not 0 <= link <= len(self._q) // ENTRY_WORDS:
+            raise corrupt(f"chunk tree link {link} is outside the entry table")
+        return link - 1
+
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
 
