@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 SMALL_SHARE = 0.1
+SHARED_CHILDREN = 3  # PrefixModel: children put under a chunk from which it counts as shared
+MAX_CREDITS = 3  # PrefixModel: the passes of main a shared chunk may skip
 
 
 class ExactLRU:
@@ -168,9 +170,12 @@ class PrefixModel:
     prompt's first recalled chunk, ``max(1, live / 200)`` keys times ARC's ratio, from 10%
     of the live keys, within 1-100%; probation's oldest also goes first when it is older
     than main's least recently used (by a logical clock of puts and hits, as the pool's).
-    As the pool does, it takes its capacity in the policy's arithmetic as the keys it
-    holds (``live``), and walks a victim's chunks newest child first, so that the two make
-    the same decisions step for step."""
+    A chunk that has had three children put under it or more is shared: each further child
+    gives it and its ancestors a credit (at most 3; the walk up stops at a chunk holding 3),
+    and main's least recently used, while it holds credits, goes back to main's most recent
+    end with one credit less instead of leaving. As the pool does, it takes its capacity in
+    the policy's arithmetic as the keys it holds (``live``), and walks a victim's chunks
+    newest child first, so that the two make the same decisions step for step."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -186,6 +191,8 @@ class PrefixModel:
         self.last: tuple[Hashable, str | None] | None = None  # the last put and its ghost
         self.clock = 0  # one tick per hit and per put stored
         self.used: dict[Hashable, int] = {}  # each key's last put or hit
+        self.num_children: dict[Hashable, int] = {}  # children ever put under the key, <= 3
+        self.credits: dict[Hashable, int] = {}  # passes of main the key may still skip
 
     def live(self) -> int:
         return len(self.small) + len(self.main)
@@ -218,8 +225,16 @@ class PrefixModel:
         self.clock += 1
         self.used[key] = self.clock
         self.parent[key] = parent
+        self.num_children[key] = self.credits[key] = 0
         if parent is not None:
             self.children.setdefault(parent, []).insert(0, key)
+            self.num_children[parent] = min(self.num_children[parent] + 1, SHARED_CHILDREN)
+            above: Hashable | None = parent
+            while self.num_children[parent] >= SHARED_CHILDREN and above is not None:
+                if self.credits[above] >= MAX_CREDITS:
+                    break
+                self.credits[above] += 1
+                above = self.parent[above]
 
     def _adapt(self, recalled: str) -> None:
         c, b1, b2 = self.live(), len(self.ghosts["small"]), len(self.ghosts["main"])
@@ -233,7 +248,10 @@ class PrefixModel:
         if (self.small and len(self.small) >= max(1, self.target())) or not self.main:
             victim, kind = next(iter(self.small)), "small"
         else:
-            victim, kind = next(iter(self.main)), "main"
+            while self.credits[victim := next(iter(self.main))]:  # shared: one more pass
+                self.credits[victim] -= 1
+                self.main.move_to_end(victim)
+            kind = "main"
             oldest = next(iter(self.small), None)
             if oldest is not None and self.used[oldest] <= self.used[victim]:
                 victim, kind = oldest, "small"
@@ -252,6 +270,8 @@ class PrefixModel:
             self.small.pop(key, None)
             self.main.pop(key, None)
             self.used.pop(key, None)
+            self.num_children.pop(key, None)
+            self.credits.pop(key, None)
 
     def _below(self, key: Hashable) -> list[Hashable]:
         """The chunks below ``key``, leaves first, in the pool's order (``ChunkTree``)."""

@@ -127,6 +127,50 @@ def test_regression_a_returning_prompt_moved_probations_target_once_per_chunk(pr
     assert pool.check() == []
 
 
+@pytest.mark.parametrize("num_children", [2, 3])
+def test_a_shared_chunk_outlives_main_chunks_read_after_it(prefix_pool, num_children):
+    """A chunk with three children put under it is shared by other prompts (a document
+    many sessions quote): it and the chunks above it skip main's least recently used end
+    once per child from the third on. Two children are one conversation going on past its
+    partial last chunk: no credit, and the least recently used chunk goes with its tree."""
+    pool = prefix_pool()
+    put_prompt(pool, "sys/doc")
+    children = [f"sys/doc/{i}" for i in range(num_children)]
+    for key in children:
+        pool.put(key, b"v", parent="sys/doc")
+    others = [f"x{i}" for i in range(SLOTS - 2 - num_children)]
+    for key in others:
+        pool.put(key, b"v")
+    for key in ["sys", "sys/doc", *children, *others]:  # all read: main, sys least recent
+        assert pool.get(key) is not None
+    pool.put("new", b"v")
+    if num_children == 3:  # sys and sys/doc go round again; the first child leaves
+        assert set(pool.keys()) == {"sys", "sys/doc", *children[1:], *others, "new"}
+    else:  # sys goes, and the chunks below it with it
+        assert set(pool.keys()) == {*others, "new"}
+    assert pool.check() == []
+
+
+def test_a_shared_chunks_credits_run_out(prefix_pool):
+    """Each pass of main a shared chunk skips costs a credit: unread, it leaves at the end of
+    as many extra passes as it was credited (the third child gives one)."""
+    pool = prefix_pool()
+    put_prompt(pool, "doc")
+    for i in range(3):
+        pool.put(f"doc/{i}", b"v", parent="doc")
+    for key in ["doc", "doc/0", "doc/1", "doc/2"]:
+        assert pool.get(key) is not None
+    for i in range(3 * SLOTS):  # each new key is read at once: main is the only queue
+        pool.put(f"k{i}", b"v")
+        pool.get(f"k{i}")
+        if "doc" not in pool:
+            break
+    # k4 found the pool full: doc went round (its credit spent) and doc/0 left; then
+    # doc/1, doc/2 and k0-k3 left before doc, read last before all of them
+    assert i == 11
+    assert pool.check() == []
+
+
 def test_a_chunk_whose_parent_is_not_here_is_not_stored(prefix_pool):
     pool = prefix_pool()
     pool.put("a/b", b"v", parent="a")

@@ -260,7 +260,9 @@ ENTRY_DTYPE = np.dtype(
         # format 8: s3fifo's and arc's entry lists (ids + 1, 0 = none; see kvcache.queues)
         ("queue_prev", "<i8"),  # toward the head (most recently queued)
         ("queue_next", "<i8"),  # toward the tail (the next victim)
-        ("reads", "<i8"),  # s3fifo: reads since queued, at most 3 (its 2-bit counter)
+        # s3fifo: reads since queued, at most 3 (its 2-bit counter); prefix: credits (two
+        # bits) and children put under the chunk (policies/prefix.py)
+        ("reads", "<i8"),
     ]
 )
 

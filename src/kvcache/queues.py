@@ -335,6 +335,13 @@ class Queues:
     def set_reads(self, eid: int, reads: int) -> None:
         self._q[eid * ENTRY_WORDS + E.reads] = reads
 
+    def parent(self, eid: int) -> int:
+        """The chunk entry ``eid`` was put under (a prefix-tracking pool's tree), or -1."""
+        link = self._q[eid * ENTRY_WORDS + E.parent]
+        if not 0 <= link <= len(self._q) // ENTRY_WORDS:
+            raise corrupt(f"chunk tree link {link} is outside the entry table")
+        return link - 1
+
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
 
@@ -385,8 +392,9 @@ def find_problems(views: Views, ready: list[int]) -> list[str]:
 
 def rebuild(views: Views, ready: np.ndarray) -> None:
     """Requeue the READY entries after a crash: probation in insert order, main in order of
-    use (each list's oldest at its tail), reads and ARC's target back in range; forget the
-    ghosts. The exact order the crash interrupted is lost; only hit ratio can suffer."""
+    use (each list's oldest at its tail), reads and ARC's target back in range (a
+    ``prefix`` entry's word of credits and children becomes at most three credits); forget
+    the ghosts. The exact order the crash interrupted is lost; only hit ratio can suffer."""
     records, h = views.entries, views.header_q
     h[H.num_probation] = 0
     lists = EntryQueues(views)

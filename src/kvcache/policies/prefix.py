@@ -1,7 +1,7 @@
 """Prefix: for PrefixCache pools; a chunk goes with its prefix, new chunks wait on probation
 whose share adapts, once per returning prompt, to what its evictions cost.
 
-Five facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
+Six facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
 
 - A chunk is reachable only through its parent, so a chunk whose ancestor is
   gone only takes room: the pool keeps the chunk tree (``kvcache.tree``),
@@ -31,13 +31,29 @@ Five facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
   older than main's least recently used chunk's last use (``Queues.last_use``,
   the pool's logical clock): a large pool's probation, grown by its target,
   never keeps an unread chunk longer than LRU would.
+- A chunk many prompts build on (a system prompt, a quoted document) is worth
+  more than a chunk as recently used that only its own conversation reads, and a
+  least-recent main queue cannot tell them apart in a small pool. The tree can:
+  a chunk with three children put under it or more is shared (two can be one
+  conversation going on past its partial last chunk). From its third child on,
+  each child gives the chunk and the chunks above it, which go with it, a credit
+  (``MAX_CREDITS`` at most, kept in the ``reads`` word with the child count),
+  and main's least recently used chunk, while it holds credits, goes back to
+  main's most recent end with one credit less instead of leaving: S3-FIFO's
+  reinsertion, earned by sharing instead of by reads, which a conversation's
+  own turns also make.
 
 Ghosts are at most the live entries (probation's first to go while they
 exceed what the target leaves them), so the ring that keeps them stays
-amortised O(1) per put (``kvcache.queues``); every other step is O(1), with no
-loop. Constants: S3-FIFO's 10% to start and ``STEP_ENTRIES``, chosen on one
-generated chat trace and one conversation trace and judged on others and on a
-real one (docs/eviction.md).
+amortised O(1) per put (``kvcache.queues``). Each reinsertion spends a credit,
+and each step of a credit's walk up gives one (the walk stops at the first
+chunk holding ``MAX_CREDITS``), so the two cost what the credits do: a walk is
+at most as long as the prompt that reached the shared chunk, whose lookup
+passed the same chunks, and usually one step, its ancestors credited already.
+Every other step is O(1). Constants: S3-FIFO's 10% to start, ``STEP_ENTRIES``,
+``SHARED_CHILDREN`` and ``MAX_CREDITS``, chosen on one generated chat trace and
+one conversation trace and judged on others and on a real one
+(docs/eviction.md).
 """
 
 from __future__ import annotations
@@ -54,6 +70,14 @@ STEP_ENTRIES = 200
 least one, as ARC moves it), so that large pools adapt as fast as small ones."""
 MIN_SHARE = 0.01
 """Probation's target never drops below this share of the entries."""
+SHARED_CHILDREN = 3
+"""A chunk with this many children put under it (ever) is shared by other prompts: two can
+be one conversation going on past its partial last chunk."""
+MAX_CREDITS = 3
+"""The passes of main a shared chunk may skip, as S3-FIFO's 2-bit count."""
+CREDIT_MASK, CHILD_SHIFT = 3, 2
+"""An entry's ``reads`` word in a ``prefix`` pool: credits in the low two bits, children put
+under it (at most ``SHARED_CHILDREN``) above them."""
 
 
 class Prefix:
@@ -85,10 +109,15 @@ class Prefix:
             )
 
     def admit(self, queues: Queues, eid: int, recalled: int) -> None:
-        """Queue a new entry: main if its key was a ghost, else probation."""
+        """Queue a new entry: main if its key was a ghost, else probation. Count it as a child
+        of its parent; from the parent's third child on, credit the parent and the chunks
+        above it (``share``)."""
         queues.set_reads(eid, 0)
         queues.lists.push(eid, MAIN if recalled >= 0 else PROBATION)
         queues.last_admitted = (eid, recalled)
+        parent = queues.parent(eid)
+        if parent >= 0:
+            share(queues, parent)
 
     def hit(self, queues: Queues, eid: int) -> None:
         """A read: to main's most recent end, from probation or within main."""
@@ -103,7 +132,7 @@ class Prefix:
         kind = MAIN
         if (on_probation and on_probation >= max(1.0, target(queues))) or not queues.num_main:
             kind = PROBATION
-        victim = queues.lists.tail(kind)
+        victim = queues.lists.tail(kind) if kind == PROBATION else least_recent(queues)
         if victim >= 0 and kind == MAIN and on_probation:
             oldest = queues.lists.tail(PROBATION)
             if oldest >= 0 and queues.last_use(oldest) <= queues.last_use(victim):
@@ -111,6 +140,44 @@ class Prefix:
         if victim < 0:
             raise corrupt("queue lists: a list the counts say holds entries is empty")
         return remember(queues, victim, kind)
+
+
+def share(queues: Queues, parent: int) -> None:
+    """A chunk was put under ``parent``: count it (at most ``SHARED_CHILDREN``); if
+    ``parent`` has that many children or more, give it and the chunks above it a credit
+    each, up to the first that holds ``MAX_CREDITS`` (its ancestors were credited with it).
+    The walk passes only chunks the new chunk's prompt reached through, each credited, so
+    it costs what the credits it gives and the reads that led to it cost."""
+    word = queues.reads(parent)
+    children = min((word >> CHILD_SHIFT) + 1, SHARED_CHILDREN)
+    queues.set_reads(parent, (children << CHILD_SHIFT) | (word & CREDIT_MASK))
+    if children < SHARED_CHILDREN:
+        return
+    steps = queues.num_live + 1  # a longer walk is a cycle in damaged links
+    while parent >= 0 and (word := queues.reads(parent)) & CREDIT_MASK < MAX_CREDITS:
+        if (steps := steps - 1) < 0:
+            raise corrupt("chunk tree: a walk to the root does not end")
+        queues.set_reads(parent, word + 1)
+        parent = queues.parent(parent)
+
+
+def least_recent(queues: Queues) -> int:
+    """Main's least recently used entry without credits: each one with credits in the way
+    goes back to main's most recent end, one credit less (a shared chunk's extra pass).
+
+    Raises:
+        CorruptPoolError: more moves than the entries' credits allow (damaged lists).
+    """
+    lists, moves = queues.lists, (MAX_CREDITS + 1) * (queues.num_live + 1)
+    while (least := lists.tail(MAIN)) >= 0 and (moves := moves - 1) > 0:
+        word = queues.reads(least)
+        if not word & CREDIT_MASK:
+            return least
+        queues.set_reads(least, word - 1)
+        lists.move(least, MAIN)
+    if least < 0:
+        return least
+    raise corrupt("queue lists: no entry to evict, or a credit count out of range")
 
 
 def remember(queues: Queues, victim: int, kind: int) -> int:
