@@ -171,7 +171,8 @@ class PrefixModel:
     of the live keys, within 1-100%; probation's oldest also goes first when it is older
     than main's least recently used (by a logical clock of puts and hits, as the pool's).
     A chunk that has had three children put under it or more is shared: each further child
-    gives it and its ancestors a credit (at most 3; the walk up stops at a chunk holding 3),
+    put while another child of it is here gives it and its ancestors a credit (at most 3;
+    the walk up stops at a chunk holding 3),
     and main's least recently used, while it holds credits, goes back to main's most recent
     end with one credit less instead of leaving. As the pool does, it takes its capacity in
     the policy's arithmetic as the keys it holds (``live``), and walks a victim's chunks
@@ -230,7 +231,8 @@ class PrefixModel:
             self.children.setdefault(parent, []).insert(0, key)
             self.num_children[parent] = min(self.num_children[parent] + 1, SHARED_CHILDREN)
             above: Hashable | None = parent
-            while self.num_children[parent] >= SHARED_CHILDREN and above is not None:
+            shared = self.num_children[parent] >= SHARED_CHILDREN
+            while shared and len(self.children[parent]) >= 2 and above is not None:
                 if self.credits[above] >= MAX_CREDITS:
                     break
                 self.credits[above] += 1

@@ -151,6 +151,26 @@ def test_a_shared_chunk_outlives_main_chunks_read_after_it(prefix_pool, num_chil
     assert pool.check() == []
 
 
+def test_a_chunk_whose_other_children_left_earns_no_credit(prefix_pool):
+    """Three children put under a chunk, but the first two gone when the third comes: one
+    conversation's turns, not a chunk other prompts build on now. No credit: the least
+    recently used chunk leaves with its tree, as with two children."""
+    pool = prefix_pool()
+    put_prompt(pool, "sys/doc")
+    for i in range(2):
+        pool.put(f"sys/doc/{i}", b"v", parent="sys/doc")
+        del pool[f"sys/doc/{i}"]
+    pool.put("sys/doc/2", b"v", parent="sys/doc")
+    others = [f"x{i}" for i in range(SLOTS - 3)]
+    for key in others:
+        pool.put(key, b"v")
+    for key in ["sys", "sys/doc", "sys/doc/2", *others]:  # all read: main, sys least recent
+        assert pool.get(key) is not None
+    pool.put("new", b"v")
+    assert set(pool.keys()) == {*others, "new"}
+    assert pool.check() == []
+
+
 def test_a_shared_chunks_credits_run_out(prefix_pool):
     """Each pass of main a shared chunk skips costs a credit: unread, it leaves at the end of
     as many extra passes as it was credited (the third child gives one)."""

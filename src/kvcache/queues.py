@@ -342,6 +342,13 @@ class Queues:
             raise corrupt(f"chunk tree link {link} is outside the entry table")
         return link - 1
 
+    def has_two_children(self, eid: int) -> bool:
+        """Whether chunk ``eid`` holds two children or more now (its first has a sibling)."""
+        link = self._q[eid * ENTRY_WORDS + E.first_child]
+        if not 0 <= link <= len(self._q) // ENTRY_WORDS:
+            raise corrupt(f"chunk tree link {link} is outside the entry table")
+        return link > 0 and self._q[(link - 1) * ENTRY_WORDS + E.next_sibling] != 0
+
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
 

@@ -36,7 +36,8 @@ Six facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
   least-recent main queue cannot tell them apart in a small pool. The tree can:
   a chunk with three children put under it or more is shared (two can be one
   conversation going on past its partial last chunk). From its third child on,
-  each child gives the chunk and the chunks above it, which go with it, a credit
+  each child put while another child of it is here gives the chunk and the
+  chunks above it, which go with it, a credit
   (``MAX_CREDITS`` at most, kept in the ``reads`` word with the child count),
   and main's least recently used chunk, while it holds credits, goes back to
   main's most recent end with one credit less instead of leaving: S3-FIFO's
@@ -144,15 +145,17 @@ class Prefix:
 
 def share(queues: Queues, parent: int) -> None:
     """A chunk was put under ``parent``: count it (at most ``SHARED_CHILDREN``); if
-    ``parent`` has that many children or more, give it and the chunks above it a credit
-    each, up to the first that holds ``MAX_CREDITS`` (its ancestors were credited with it).
+    ``parent`` has had that many children or more and holds another now, give it and the
+    chunks above it a credit each, up to the first that holds ``MAX_CREDITS`` (its
+    ancestors were credited with it). A chunk whose other children all left is not shared
+    now: crediting it kept chunks no longer read in large pools (the real trace at 20%).
     The walk passes only chunks the new chunk's prompt reached through, each credited, so
     it costs what the credits it gives and the reads that led to it cost."""
     word = queues.reads(parent)
     children = min((word >> CHILD_SHIFT) + 1, SHARED_CHILDREN)
     queues.set_reads(parent, (children << CHILD_SHIFT) | (word & CREDIT_MASK))
-    if children < SHARED_CHILDREN:
-        return
+    if children < SHARED_CHILDREN or not queues.has_two_children(parent):
+        return  # not shared, or shared once: no other prompt builds on it now
     steps = queues.num_live + 1  # a longer walk is a cycle in damaged links
     while parent >= 0 and (word := queues.reads(parent)) & CREDIT_MASK < MAX_CREDITS:
         if (steps := steps - 1) < 0:
