@@ -1,4 +1,4 @@
-"""The cost of the operational counters and latency histograms (issue 14) on put and get.
+"""The cost of the operational counters and latency histograms on put and get.
 
 Run from the repository root::
 

@@ -7,7 +7,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/bench_versions.py --quick       # smoke variant (CI)
 
 Why: a change to the hot paths (here: per-entry checksums and kernel-held
-liveness, issue 9) must show its cost as a ratio measured side by side, on
+liveness) must show its cost as a ratio measured side by side, on
 the same machine in the same minute, not against figures from another day.
 
 Method: ``git archive REV src`` is unpacked into a temporary folder. Each
@@ -36,7 +36,7 @@ from pathlib import Path
 from bench_pool import REPO, KiB, MiB, fmt_int, fmt_size, print_table
 
 DEFAULT_BASE = "d43eee7"
-"""The last commit before issue 9's liveness and checksum changes."""
+"""The last commit before the kernel-held liveness and per-entry checksums."""
 CASES = ((4 * KiB, 4096), (MiB, 32), (MiB, 256))
 VARIANTS = (("base", False), ("this tree", False), ("this tree, verify_reads", True))
 

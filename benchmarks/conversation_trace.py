@@ -4,7 +4,7 @@ Two families of shapes, for judging eviction policies on traffic they were
 not tuned on:
 
 ``chat`` (``ChatShape``) looks like real prompt traffic: its defaults match the
-statistics of the Mooncake FAST'25 conversation trace (issue 32) over a trace
+statistics of the Mooncake FAST'25 conversation trace over a trace
 of its length (12,000 requests). Every request opens on one root block (the
 shared system prompt); three in four sessions then add one of 20 short system
 prompts, half quote one of 1,000 shared documents (Zipf), and a first turn's
@@ -150,7 +150,7 @@ def chat_requests(
 
     A prompt's last block is partial: the next turn of its session replaces it
     by a new (full) block with the same position, which is why later turns'
-    new blocks come back less often than first turns' (issue 32).
+    new blocks come back less often than first turns', as in the Mooncake trace.
     """
     rng = random.Random(seed)
     pick_system = zipf(rng, shape.num_system_prompts, shape.zipf_s)
@@ -203,7 +203,7 @@ SHAPES = {"chat": ChatShape, "conversation": Shape}
 
 @dataclass(frozen=True)
 class Statistics:
-    """What issue 32 measured on the Mooncake conversation trace, measured on any trace.
+    """What we measured on the Mooncake conversation trace, measured on any trace.
 
     A request's turn is its ``turn`` field where the trace has one (``chat``
     traces do). Otherwise it is inferred from the block ids alone: a request

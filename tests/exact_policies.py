@@ -1,6 +1,6 @@
 """Exact, plain-Python models of the classic policies, as their papers define them.
 
-The engine's ``s3fifo`` and ``arc`` are judged against these (issue 32): same
+The engine's ``s3fifo`` and ``arc`` are judged against these: same
 trace, same capacity, block hit ratio within 0.3 points. Each model holds at
 most ``capacity`` keys of equal size and answers the two calls a prompt replay
 makes: ``get`` (a read: hit or miss) and ``put`` (store a key; storing a key

@@ -184,9 +184,9 @@ def test_the_checksum_is_the_documented_formula() -> None:
 
 
 def test_bug_value_len_changed_within_its_pages_passed_check(make_pool: Maker) -> None:
-    """Regression (issue 15): a value_len changed without changing the page count passed
-    check() and repair, and get returned a value of the wrong length. Caught since the
-    entry checksums of issue 9 (the sum then covers other bytes); see below for changes
+    """Regression: a value_len changed without changing the page count passed check() and
+    repair, and get returned a value of the wrong length. Caught since the per-entry
+    checksums (the sum then covers other bytes); see below for changes
     that leave the summed bytes as they were."""
     pool = make_pool("4M", page_size="4K")
     pool.put("k", b"v" * 5000)  # 2 pages of 4 KiB, as 6000 bytes would be

@@ -1,6 +1,6 @@
 """close() while other threads of the process wait for the pool lock.
 
-Regression (issue 15, item 11): ``close`` closed the lock's descriptor under
+Regression: ``close`` closed the lock's descriptor under
 threads waiting for the lock, which then failed with ``OSError: [Errno 9] Bad
 file descriptor`` (or locked whatever file reused the number), or found the
 pool's views released under them; a thread that failed that way never let go

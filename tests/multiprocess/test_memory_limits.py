@@ -109,8 +109,8 @@ def test_prealloc_beyond_the_cgroup_limit_is_refused(memory_cgroup, pool_name) -
 
 def test_a_growing_pool_stops_at_the_cgroup_limit(memory_cgroup, pool_name) -> None:
     """A pool larger than the cgroup allows stops growing once its pages would pass the
-    limit, and from then on serves puts by evicting within the pages it has (issue 15:
-    before, every put failed with NotEnoughMemoryError there). (``pool_name`` is torn
+    limit, and from then on serves puts by evicting within the pages it has (regression:
+    every put failed with NotEnoughMemoryError there). (``pool_name`` is torn
     down first, and destroying the pool frees the pages charged to the cgroup before it
     is removed.)"""
     procs = memory_cgroup(256 * M)

@@ -92,7 +92,7 @@ def test_a_damaged_head_field_is_a_miss():
 
 
 def test_a_head_that_declares_a_million_parts_asks_for_none():
-    """A planted head must not make a read pipeline a million GETs (issue: 8.7-96 s)."""
+    """A planted head must not make a read pipeline a million GETs (they took 8.7-96 s)."""
     entry = _entry(b"key", b"", b"v" * 100)
     head = bytearray(records.encode(entry, [b"key", b"", b"v" * 100], 4096).parts[0])
     head[24:28] = (1 << 20).to_bytes(4, "little")

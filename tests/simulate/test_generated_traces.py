@@ -1,5 +1,5 @@
 """The trace generator (benchmarks/conversation_trace.py): its statistics, and that its
-``chat`` shape matches what issue 32 measured on the Mooncake conversation trace."""
+``chat`` shape matches what we measured on the Mooncake conversation trace."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_a_turn_field_wins_over_the_inferred_turn():
 @pytest.mark.parametrize("seed", [1, 2])
 def test_chat_traces_look_like_the_mooncake_conversation_trace(seed):
     stats = ct.statistics(ct.chat_requests(12000, seed))  # the Mooncake trace's length
-    # issue 32: 76% read once, 27.7% of first turns' new blocks read again, 14-16% of turns 2-4's
+    # Mooncake: 76% read once, 27.7% of first turns' new blocks read again, 14-16% of turns 2-4's
     assert 0.70 <= stats.read_once_share <= 0.80
     assert 0.24 <= stats.first_turn_reuse <= 0.32
     assert 0.11 <= stats.later_turn_reuse <= 0.19
