@@ -27,7 +27,9 @@ Method
   preallocated numpy buffer; default 64 KiB pages; ``str`` keys. Cases (value
   x values cycled through): 4 KiB x 4096, 64 KiB x 1024, 1 MiB x 32 (32 MiB,
   stays in the CPU caches), 1 MiB x 256 and 16 MiB x 16 (256 MiB, bound by
-  memory bandwidth, like a real cache of GBs).
+  memory bandwidth, like a real cache of GBs). Each case runs again in a child
+  process on the pure-Python engine (``KVCACHE_PURE_PYTHON=1``), rows
+  ``pure kvcache``, beside the compiled engine's in the same run.
 * Raw baseline (1): in the same run, ``numpy.copyto`` of the same value into
   (write: the bandwidth limit for ``put``) and out of (read: for ``get`` and
   ``get_into``) each slot of a warm ``/dev/shm`` mapping holding as many values
@@ -80,6 +82,7 @@ import contextlib
 import cProfile
 import gc
 import itertools
+import json
 import math
 import mmap
 import os
@@ -407,6 +410,25 @@ def measure_pool_ops(
     return rates
 
 
+PURE_WORKER = "--pure-worker"
+"""``bench_pool.py --pure-worker SIZE COUNT [--quick]``: ``measure_pool_ops`` as JSON (the
+engine is chosen at import, so the pure-Python one runs in a process of its own)."""
+
+
+def pure_python_ops(size: int, count: int, settings: Settings) -> dict[str, float]:
+    """``measure_pool_ops`` of the same values on the pure-Python engine, in a child."""
+    command = [sys.executable, __file__, PURE_WORKER, str(size), str(count)]
+    run = subprocess.run(
+        [*command, *(["--quick"] if settings.quick else [])],
+        env={**os.environ, "KVCACHE_PURE_PYTHON": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rates: dict[str, float] = json.loads(run.stdout)
+    return rates
+
+
 THROUGHPUT_GOALS: dict[tuple[str, int], tuple[str, Callable[[float, float], bool]]] = {
     ("put", 4 * KiB): (">= 50,000 op/s", lambda ops, ratio: ops >= 50_000),
     ("get", 4 * KiB): (">= 100,000 op/s", lambda ops, ratio: ops >= 100_000),
@@ -447,6 +469,8 @@ def section_throughput(settings: Settings) -> None:
         raw = measure_raw(value, count, settings)
         for op, ops in measure_pool_ops(value, count, settings).items():
             rows.append(throughput_row("kvcache", size, count, op, ops, raw))
+        for op, ops in pure_python_ops(size, count, settings).items():
+            rows.append(throughput_row("pure kvcache", size, count, op, ops, raw))
         if size in (4 * KiB, MiB) and size not in compared:
             compared.add(size)
             for label, rates in other_store_rates(value, count, settings, skipped):
@@ -462,6 +486,8 @@ def section_throughput(settings: Settings) -> None:
             "set = bytes of the values cycled through; raw = numpy.copyto of the same values",
             "into (w) / out of (r) a warm /dev/shm mapping of that size, measured in this run.",
             "put overwrites existing keys; get returns new bytes; get_into fills one numpy buffer.",
+            "pure kvcache: the same in a child process on the pure-Python engine",
+            "(KVCACHE_PURE_PYTHON=1), beside the compiled one in the same run.",
             *dict.fromkeys(skipped),
         ],
     )
@@ -1149,6 +1175,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == [PURE_WORKER]:
+        size, count = int(given[1]), int(given[2])
+        settings = QUICK if "--quick" in given else FULL
+        print(json.dumps(measure_pool_ops(random_bytes(size), count, settings)))
+        return 0
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
     sections: list[tuple[str, Callable[[], None]]] = [
