@@ -64,7 +64,7 @@ COUNTING_LINES = (
     "if not self._gets_left:",  # with the timed call on the next line
     "if not self._puts_left:",
     "self.bytes_in += self._eq[eid * ENTRY_WORDS + E.value_len]",
-    "self.bytes_in += len(payload) if checksum is not None else 0",
+    "self.bytes_in += len(payload)",
     "self.bytes_out += value_len if count else 0",
 )
 """The lines of ``kvcache/pool.py`` (the countdowns) and ``kvcache/engine/store.py`` (the
