@@ -37,12 +37,11 @@ Six facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
   a chunk with three children put under it or more is shared (two can be one
   conversation going on past its partial last chunk). From its third child on,
   each child put while another child of it is here gives the chunk and the
-  chunks above it, which go with it, a credit
-  (``MAX_CREDITS`` at most, kept in the ``reads`` word with the child count),
-  and main's least recently used chunk, while it holds credits, goes back to
-  main's most recent end with one credit less instead of leaving: S3-FIFO's
-  reinsertion, earned by sharing instead of by reads, which a conversation's
-  own turns also make.
+  chunks above it, which go with it, a credit (``MAX_CREDITS`` at most, kept
+  in the ``reads`` word with the child count), and main's least recently used
+  chunk, while it holds credits, goes back to main's most recent end with one
+  credit less instead of leaving: S3-FIFO's reinsertion, earned by sharing
+  instead of by reads, which a conversation's own turns also make.
 
 Ghosts are at most the live entries (probation's first to go while they
 exceed what the target leaves them), so the ring that keeps them stays
