@@ -337,17 +337,11 @@ class Queues:
 
     def parent(self, eid: int) -> int:
         """The chunk entry ``eid`` was put under (a prefix-tracking pool's tree), or -1."""
-        link = self._q[eid * ENTRY_WORDS + E.parent]
-        if not 0 <= link <= len(self._q) // ENTRY_WORDS:
-            raise corrupt(f"chunk tree link {link} is outside the entry table")
-        return link - 1
+        return self._tree.parent(eid) if self._tree is not None else -1
 
     def has_two_children(self, eid: int) -> bool:
-        """Whether chunk ``eid`` holds two children or more now (its first has a sibling)."""
-        link = self._q[eid * ENTRY_WORDS + E.first_child]
-        if not 0 <= link <= len(self._q) // ENTRY_WORDS:
-            raise corrupt(f"chunk tree link {link} is outside the entry table")
-        return link > 0 and self._q[(link - 1) * ENTRY_WORDS + E.next_sibling] != 0
+        """Whether chunk ``eid`` holds two children or more now (``ChunkTree``)."""
+        return self._tree is not None and self._tree.has_two_children(eid)
 
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]

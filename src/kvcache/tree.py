@@ -40,6 +40,16 @@ class ChunkTree:
             raise corrupt(f"chunk tree link {link} is outside the entry table")
         return link - 1
 
+    def parent(self, eid: int) -> int:
+        """The chunk ``eid`` was put under, or -1 (a root)."""
+        link = self._q[eid * ENTRY_WORDS + E.parent]
+        return self._id(link) if link else -1
+
+    def has_two_children(self, eid: int) -> bool:
+        """Whether ``eid`` holds two children or more now (its first has a sibling)."""
+        link = self._q[eid * ENTRY_WORDS + E.first_child]
+        return bool(link) and self._q[self._id(link) * ENTRY_WORDS + E.next_sibling] != 0
+
     def link(self, eid: int, parent: int) -> None:
         """Make ``eid`` (fresh, unlinked) the first child of ``parent`` (-1: a root)."""
         q, base = self._q, eid * ENTRY_WORDS

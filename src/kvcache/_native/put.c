@@ -407,8 +407,12 @@ PyDoc_STRVAR(put_doc,
  * need the flock too), the pool is not retired and no holder died mid-way (``dirty``:
  * repair). The GIL, held throughout the call, keeps this process's other threads out
  * as the lock's thread lock would. 1 taken; 0 not, and nothing changed. */
+static _Atomic uint64_t *lock_word_at(const Finder *f, char *map) {
+    return (_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8);
+}
+
 static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
-    _Atomic uint64_t *word = (_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8);
+    _Atomic uint64_t *word = lock_word_at(f, map);
     _Atomic uint64_t *users = (_Atomic uint64_t *)(void *)(map + f->field[F_FLOCK_USERS] * 8);
     uint64_t seen = 0;
     if (!atomic_compare_exchange_strong_explicit(word, &seen, mine, memory_order_seq_cst,
@@ -463,7 +467,7 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         if (mine) store(map, f->field[F_DIRTY], 0);
         result = PyLong_FromUnsignedLongLong(checksum);
     }
-    if (mine) lock_word_free((_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8));
+    if (mine) lock_word_free(lock_word_at(f, map));
 done:
     for (int i = 0; i < held; i++) PyBuffer_Release(&pieces[i]);
     PyBuffer_Release(&view);

@@ -6,8 +6,8 @@ everything inside it: the lock, the process table, the entry ``Table`` and the
 knows nothing of tiers, remotes, access logs or the command line.
 
 The lock covers metadata only. A write of a value of more than
-``INLINE_COPY_MAX_BYTES`` reserves pages and a WRITING entry under the lock, copies without it, and
-publishes under it; a read of such a value records the entry's generation
+``INLINE_COPY_MAX_BYTES`` reserves pages and a WRITING entry under the lock,
+copies without it, and publishes under it; a read of such a value records the entry's generation
 under the lock, copies without it, and accepts the copy only if the
 generation is unchanged (a seqlock), retrying otherwise. Smaller values are
 copied under the lock, which is cheaper than locking twice, except a compiled
@@ -323,7 +323,7 @@ class Store:
         this one is dropped); ``evict_within_reserved`` is ``Table.reserve``'s.
         """
         try:
-            num_pages = -(-(len(key_bytes) + header_len + value_len) // self._page_size)
+            num_pages = self._pages_for(len(key_bytes) + header_len + value_len)
             if self.on_disk:  # a test, not two calls, on the RAM pools' hot path
                 self.segment.touched(num_pages * self._page_size)
                 self.segment.shed()
@@ -415,8 +415,9 @@ class Store:
         put = self._put
         if put is None or self.slot < 0:
             return None
+        total = len(key_bytes) + len(header) + len(payload)
         if self.spill is not None:
-            self.spill(self._pages_for(key_bytes, header, payload))
+            self.spill(self._pages_for(total))
         args = (key_bytes, flags, header, payload, priority, expires_at)
         try:
             checksum: int | None = fastpath.LOCK_BUSY
@@ -424,10 +425,10 @@ class Store:
                 checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial, word)
             if checksum == fastpath.LOCK_BUSY or checksum == fastpath.NO_ROOM:
                 with self.lock:
-                    checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
+                    if checksum == fastpath.LOCK_BUSY:  # no room found already: not asked again
+                        checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
                     if checksum == fastpath.NO_ROOM:
-                        pages = self._pages_for(key_bytes, header, payload)
-                        self.table.room_for_put(key_bytes, pages)
+                        self.table.room_for_put(key_bytes, self._pages_for(total))
                         checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
         except (PoolFullError, OutOfSharedMemoryError):
             self.count_error()
@@ -443,9 +444,9 @@ class Store:
         self.bytes_in += len(payload)
         return checksum
 
-    def _pages_for(self, key_bytes: bytes, header: bytes, payload: memoryview) -> int:
-        """The pages an entry of these pieces takes."""
-        return -(-(len(key_bytes) + len(header) + len(payload)) // self._page_size)
+    def _pages_for(self, num_bytes: int) -> int:
+        """The pages an entry of ``num_bytes`` (key, codec header and payload) takes."""
+        return -(-num_bytes // self._page_size)
 
     def _finish(
         self,
