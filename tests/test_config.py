@@ -200,4 +200,5 @@ def test_config_is_frozen_and_serialisable() -> None:
         "eviction_samples": DEFAULT_EVICTION_SAMPLES,
         "lfu_half_life": 256,
         "max_processes": DEFAULT_MAX_PROCESSES,
+        "inline_bytes": 0,
     }

@@ -43,7 +43,7 @@ def every_op_timed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_region_follows_the_header_and_fits() -> None:
     assert METRICS_OFFSET == HEADER_BYTES
     assert METRICS_DTYPE.itemsize <= METRICS_BYTES
-    assert FORMAT_VERSION == 10
+    assert FORMAT_VERSION == 11
     geometry = Geometry.for_config(PoolConfig.build("1M", page_size="4K"))
     assert geometry.procs_offset == METRICS_OFFSET + METRICS_BYTES  # nothing else in it
 
@@ -241,7 +241,8 @@ def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
         f.seek(kvcache.layout.H.format_version * 8)
         f.write(older.to_bytes(8, "little"))
     with pytest.raises(
-        IncompatiblePoolError, match=f"format version {older}, this kvcache reads {FORMAT_VERSION}"
+        IncompatiblePoolError,
+        match=f"format version {older}, this kvcache reads 10 and {FORMAT_VERSION}",
     ):
         kvcache.open(pool_name)
 

@@ -72,6 +72,7 @@ def new_pool(
     pure: bool,
     lfu_half_life: int | None = None,
     verify_reads: bool | None = None,
+    inline_bytes: int = 0,
 ) -> Iterator[kvcache.Pool]:
     name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
     pool = kvcache.create(
@@ -82,6 +83,7 @@ def new_pool(
         clock=clock,
         lfu_half_life=lfu_half_life,
         verify_reads=verify_reads,
+        inline_bytes=inline_bytes,
     )
     if pure:
         # the reference: Table.lookup's Python path only, under the lock
@@ -148,16 +150,19 @@ def flip_a_payload_byte(pool: kvcache.Pool, key: str | bytes, at: int) -> bool:
 @compiled
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    ops=OPS, policy=st.sampled_from(sorted(POLICIES)), verify=st.sampled_from([None, False, True])
+    ops=OPS,
+    policy=st.sampled_from(sorted(POLICIES)),
+    verify=st.sampled_from([None, False, True]),
+    inline=st.sampled_from([0, 128]),
 )
-def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy, verify):
+def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy, verify, inline):
     """Damaged payload bytes included: verified (all values, or by default those up to 16
     KiB), both drop the entry and count it damaged; unverified, both serve the damaged
-    bytes."""
+    bytes. With inline slots, values of up to 100 bytes lie in them."""
     clock = Ticks()
     with (
-        new_pool(policy, clock, pure=False, verify_reads=verify) as fast,
-        new_pool(policy, clock, pure=True, verify_reads=verify) as ref,
+        new_pool(policy, clock, pure=False, verify_reads=verify, inline_bytes=inline) as fast,
+        new_pool(policy, clock, pure=True, verify_reads=verify, inline_bytes=inline) as ref,
     ):
         for op, key, size, ttl in ops:
             if op == "tick":
@@ -345,9 +350,9 @@ def check_copies(engine, eid: int) -> None:
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(data=st.data())
-def test_damaged_words_give_the_python_answer_or_none_never_a_crash(data) -> None:
-    with damaged_pool("lru") as pool:
+@given(data=st.data(), inline=st.sampled_from([0, 128]))
+def test_damaged_words_give_the_python_answer_or_none_never_a_crash(data, inline) -> None:
+    with damaged_pool("lru", inline) as pool:
         for _ in range(data.draw(st.integers(1, 4), label="words")):
             damage_c_words(pool, data)
         engine = pool._engine
@@ -369,9 +374,11 @@ def test_damaged_words_give_the_python_answer_or_none_never_a_crash(data) -> Non
 
 
 @compiled
-def test_a_pure_python_process_and_a_compiled_one_share_a_pool() -> None:
+@pytest.mark.parametrize("inline", [0, 256])
+def test_a_pure_python_process_and_a_compiled_one_share_a_pool(inline: int) -> None:
+    """With inline slots, the values of up to 200 bytes or so lie in them."""
     name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
-    pool = kvcache.create(name, "1M", page_size="1K", policy="lfu")
+    pool = kvcache.create(name, "1M", page_size="1K", policy="lfu", inline_bytes=inline)
     code = (
         "import sys, kvcache\n"
         "from kvcache import native\n"
@@ -414,6 +421,13 @@ def test_a_foreign_geometry_is_refused() -> None:
             fastpath.new_finder(
                 replace(g, num_pages=g.num_pages * 2), half_life, fastpath.HIT_TOUCH
             )
+        for inline_offset in (0, g.total_bytes - 64):  # slots nowhere, or past the mapping
+            with pytest.raises(ValueError):
+                fastpath.new_finder(
+                    replace(g, inline_bytes=128, inline_offset=inline_offset),
+                    half_life,
+                    fastpath.HIT_TOUCH,
+                )
         short = np.zeros(g.total_bytes - 1, np.uint8)
         table = pool._engine.table
         assert table.fast.find_hit(memoryview(short), b"small", 0.0, True) == -1
@@ -527,12 +541,12 @@ def damage_put_words(pool: kvcache.Pool, data: st.DataObject, sampled: list[byte
 
 @compiled
 @DAMAGE_SETTINGS
-@given(data=st.data())
-def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
+@given(data=st.data(), inline=st.sampled_from([0, 128]))
+def test_a_compiled_put_writes_what_python_writes_or_nothing(data, inline) -> None:
     """A put on damaged words: where C takes it (answers a checksum), the Python put on the
     same bytes succeeds and leaves the segment byte for byte as C left it; where C declines
-    it wrote nothing."""
-    with damaged_pool("lru") as pool:
+    it wrote nothing. With inline slots, the values of 0 and 1 bytes go there."""
+    with damaged_pool("lru", inline) as pool:
         engine = pool._engine
         raw, fast_put, now = engine.views.raw, engine._put, engine.clock()
         compiled_halves = engine._reserve_compiled, engine._publish_compiled
@@ -573,11 +587,11 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data) -> None:
 
 @compiled
 @DAMAGE_SETTINGS
-@given(data=st.data())
-def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data) -> None:
+@given(data=st.data(), inline=st.sampled_from([0, 128]))
+def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data, inline) -> None:
     """``evict`` of each entry of a damaged pool: where C takes it, Python's ``evict_one`` on
     the same bytes succeeds and leaves the same segment; where C declines it wrote nothing."""
-    with damaged_pool("lru") as pool:
+    with damaged_pool("lru", inline) as pool:
         engine = pool._engine
         raw, evictor, now = engine.views.raw, engine.evictor, engine.clock()
         evict = evictor._evict
@@ -644,13 +658,15 @@ def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data)
 
 
 @compiled
-def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
+@pytest.mark.parametrize("inline", [0, 128])
+def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c(inline: int) -> None:
     """Small and large puts of new keys and over old ones, and the evictions that make room
     in a full pool and the ranking of their samples: C takes every one once the pool's
-    memory is reserved (the damage tests above only hold C to what it takes)."""
-    with new_pool("lru", Ticks(), pure=False) as pool:
+    memory is reserved (the damage tests above only hold C to what it takes). With inline
+    slots, the filling values lie in them: room is then an entry slot, not pages."""
+    with new_pool("lru", Ticks(), pure=False, inline_bytes=inline) as pool:
         engine = pool._engine
-        pool.put("first", b"")  # reserves the pool's memory (in Python: a system call)
+        pool.put("first", b"f" * 1000)  # reserves the pool's memory (in Python: a system call)
         answers: dict[str, list[object]] = {}
 
         def recording(name: str, call):  # type: ignore[no-untyped-def]
@@ -673,6 +689,10 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c() -> None:
         answers["put"].clear()
         for i in range(300):  # a 256 KiB pool: these evict, ranking samples of 64
             pool.put(f"fill{i}", b"f" * 100)
+        inline_entries = (
+            pool._engine.views.entries["num_pages"][pool._engine.views.live[: len(pool)]] == 0
+        )
+        assert inline_entries.all() if inline else not inline_entries.any()
         # where C found no room, Python made it and C put the value after all
         assert fastpath.NO_ROOM in answers["put"] and None not in answers["put"]
         assert sum(a >= 0 for a in answers["put"]) == 300

@@ -49,6 +49,8 @@ CONFIGS = [
     PoolConfig.build("2M", page_size="2K", policy="size", lfu_half_life=3, eviction_samples=7),
     PoolConfig.build("1M", page_size="1K", policy="fifo", max_processes=3, max_entries=1000),
     PoolConfig.build("8M", page_size="8M", policy="ttl", default_ttl=0.25),
+    PoolConfig.build("64K", page_size="1K", inline_bytes=128, max_entries=5000),
+    PoolConfig.build("1M", page_size="64K", policy="prefix", inline_bytes=4096),
 ]
 
 
@@ -60,7 +62,8 @@ def test_header_round_trip(config: PoolConfig) -> None:
     assert read_geometry == geometry
     header = np.ndarray((), HEADER_DTYPE, buffer=buffer)
     assert header["magic"].item() == MAGIC
-    assert int(header["format_version"]) == FORMAT_VERSION
+    # only a pool with inline slots needs the format that has them
+    assert int(header["format_version"]) == (FORMAT_VERSION if config.inline_bytes else 10)
     assert float(header["created_at"]) == 1234.5
     assert int(header["free_page_head"]) == NO_PAGE
     assert float(header["next_expiry_at"]) == math.inf
@@ -77,6 +80,7 @@ def test_header_round_trip(config: PoolConfig) -> None:
     samples=st.integers(1, 1 << 16),
     half_life=st.one_of(st.none(), st.integers(1, 2**40)),
     procs=st.integers(1, 4096),
+    inline_bytes=st.sampled_from([0, 64, 128, 512]),
 )
 def test_header_round_trip_any_config(
     num_pages: int,
@@ -87,11 +91,14 @@ def test_header_round_trip_any_config(
     samples: int,
     half_life: int | None,
     procs: int,
+    inline_bytes: int,
 ) -> None:
+    most_entries = 5000 if inline_bytes else num_pages
     config = PoolConfig.build(
         num_pages << page_shift,
         page_size=1 << page_shift,
-        max_entries=None if max_entries is None else min(max_entries, num_pages),
+        max_entries=None if max_entries is None else min(max_entries, most_entries),
+        inline_bytes=inline_bytes,
         policy=policy,
         default_ttl=ttl,
         eviction_samples=samples,
@@ -112,6 +119,7 @@ def _regions(g: Geometry) -> list[tuple[str, int, int]]:
         ("index", g.index_offset, g.index_slots * 8),
         ("page_next", g.page_next_offset, g.num_pages * 8),
         ("data", g.data_offset, g.num_pages * g.page_size_bytes),
+        *([("inline", g.inline_offset, g.max_entries * g.inline_bytes)] if g.inline_bytes else []),
     ]
 
 
@@ -122,8 +130,9 @@ def _check_regions(g: Geometry) -> None:
         assert length > 0, name
     for (name, offset, length), (next_name, next_offset, _) in itertools.pairwise(regions):
         assert offset + length <= next_offset, f"{name} overlaps {next_name}"
-    _, data_offset, data_length = regions[-1]
-    assert data_offset + data_length == g.total_bytes
+    _, last_offset, last_length = regions[-1]
+    assert last_offset + last_length == g.total_bytes
+    assert (g.inline_offset == 0) == (g.inline_bytes == 0)
     assert g.metadata_bytes == g.data_offset
     # the index keeps a load factor of at most 1/2 and is a power of two
     assert g.index_slots >= 2 * g.max_entries

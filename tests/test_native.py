@@ -214,7 +214,7 @@ def test_the_extension_is_clean_under_address_sanitizer(tmp_path: Path) -> None:
 
 
 LOOKUP_ASAN_DRIVER = """
-import importlib.util, random, sys, uuid
+import importlib.util, os, random, sys, uuid
 import numpy as np
 import kvcache
 from kvcache import fastpath, native
@@ -225,7 +225,8 @@ spec = importlib.util.spec_from_file_location("kvcache._lookup", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 name = f"asan-{uuid.uuid4().hex[:8]}"
-pool = kvcache.create(name, "128K", page_size="1K", policy="arc")  # hits move lists
+inline_bytes = int(os.environ["INLINE_BYTES"])  # values of up to 100 bytes or so in slots
+pool = kvcache.create(name, "128K", page_size="1K", policy="arc", inline_bytes=inline_bytes)
 try:
     keys = [f"key{i}" * (i % 7 + 1) for i in range(40)]
     for i, key in enumerate(keys):
@@ -238,7 +239,7 @@ try:
         module.Finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
                       g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
                       g.total_bytes, 100, hit_kind, 3, g.live_offset, rng.choice([0, 3]),
-                      fastpath.FIELDS)
+                      g.inline_offset, g.inline_bytes, fastpath.FIELDS)
         for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
     ]
     words = segment[: g.data_offset].view(np.int64)
@@ -288,10 +289,20 @@ print("clean")
 
 
 @compiled
-def test_the_lookup_is_clean_under_address_sanitizer_on_damaged_segments(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline_bytes", [0, 128])
+def test_the_lookup_is_clean_under_address_sanitizer_on_damaged_segments(
+    tmp_path: Path, inline_bytes: int
+) -> None:
     """kvcache._lookup built with -fsanitize=address,undefined, probing segments whose
-    index, entry table and page links are overwritten at random: no read outside them."""
-    run_sanitized(tmp_path, "lookup", LOOKUP_ASAN_DRIVER, KVCACHE_PURE_PYTHON="1")
+    index, entry table and page links are overwritten at random: no read outside them.
+    With inline slots, entries' page counts overwritten to 0 send reads to slots."""
+    run_sanitized(
+        tmp_path,
+        "lookup",
+        LOOKUP_ASAN_DRIVER,
+        KVCACHE_PURE_PYTHON="1",
+        INLINE_BYTES=str(inline_bytes),
+    )
 
 
 POOLLOCK_ASAN_DRIVER = """

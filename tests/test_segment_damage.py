@@ -67,10 +67,11 @@ def fill(pool: kvcache.Pool) -> None:
 
 
 @contextlib.contextmanager
-def damaged_pool(policy: str = "lru") -> Iterator[kvcache.Pool]:
-    """A filled real pool, destroyed afterwards (hypothesis examples need their own)."""
+def damaged_pool(policy: str = "lru", inline_bytes: int = 0) -> Iterator[kvcache.Pool]:
+    """A filled real pool, destroyed afterwards (hypothesis examples need their own); with
+    ``inline_bytes``, its smallest values lie in inline slots."""
     name = f"test-damage-{uuid.uuid4().hex[:10]}"
-    pool = kvcache.create(name, "256K", page_size="1K", policy=policy)
+    pool = kvcache.create(name, "256K", page_size="1K", policy=policy, inline_bytes=inline_bytes)
     try:
         fill(pool)
         yield pool
@@ -488,9 +489,11 @@ def damage(pool: kvcache.Pool, data: st.DataObject) -> str:
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(data=st.data(), policy=st.sampled_from(sorted(POLICIES)))
-def test_any_damage_fails_cleanly_and_repair_mends_it(tmp_path, data, policy) -> None:
-    with damaged_pool(policy) as pool:
+@given(
+    data=st.data(), policy=st.sampled_from(sorted(POLICIES)), inline=st.sampled_from([0, 0, 128])
+)
+def test_any_damage_fails_cleanly_and_repair_mends_it(tmp_path, data, policy, inline) -> None:
+    with damaged_pool(policy, inline) as pool:
         for _ in range(data.draw(st.integers(1, 4), label="words")):
             event(damage(pool, data))
         run_all(pool, tmp_path, damaged=True)

@@ -23,6 +23,13 @@ MIN_PAGE_SIZE_BYTES = 1 << 10
 MAX_PAGE_SIZE_BYTES = 256 << 20
 MAX_KEY_BYTES = 1024
 """A key always fits in its entry's first page (pages are at least 1 KiB)."""
+MAX_INLINE_BYTES = 4096
+"""The largest inline slot: past a few KiB a value is better off in pages of its own
+(an inline slot is paid for by every entry slot, used or not)."""
+INLINE_ALIGN_BYTES = 64
+"""Inline slots are whole cache lines, so that no two entries' bytes share one."""
+MAX_INLINE_ENTRIES = 1 << 30
+"""Entry slots a pool with inline slots may have (more than its pages)."""
 DEFAULT_EVICTION_SAMPLES = 64
 DEFAULT_MAX_PROCESSES = 1024
 
@@ -43,6 +50,10 @@ class PoolConfig:
         lfu_half_life: LFU counters halve every this many accesses (logical clock
             ticks) without a hit; default ``max_entries``.
         max_processes: slots in the attached-process table.
+        inline_bytes: bytes of each entry slot's inline slot, 0 = none. An entry whose
+            key, value header and payload fit there takes no page (small values packed:
+            a 64-byte value costs its record and its slot, not a page); more entries
+            than pages are allowed then.
     """
 
     size_bytes: int
@@ -53,6 +64,7 @@ class PoolConfig:
     eviction_samples: int = DEFAULT_EVICTION_SAMPLES
     lfu_half_life: int = 0
     max_processes: int = DEFAULT_MAX_PROCESSES
+    inline_bytes: int = 0
 
     def __post_init__(self) -> None:
         from .policies import get_policy  # policies are a sibling layer, imported late
@@ -69,12 +81,28 @@ class PoolConfig:
             )
         get_policy(self.policy)  # raises with the list of valid names
         object.__setattr__(self, "size_bytes", self.num_pages * page)
+        inline = self.inline_bytes
+        if inline and not (
+            INLINE_ALIGN_BYTES <= inline <= min(MAX_INLINE_BYTES, page // 2)
+            and inline % INLINE_ALIGN_BYTES == 0
+        ):
+            raise InvalidArgument(
+                f"inline bytes must be 0 or a multiple of {INLINE_ALIGN_BYTES} from "
+                f"{INLINE_ALIGN_BYTES} to {min(MAX_INLINE_BYTES, page // 2)} (half a page, "
+                f"at most {MAX_INLINE_BYTES}), got {inline}: try 128"
+            )
         if self.max_entries == 0:
             object.__setattr__(self, "max_entries", self.num_pages)
-        if not 1 <= self.max_entries <= self.num_pages:
+        most = MAX_INLINE_ENTRIES if inline else self.num_pages
+        if not 1 <= self.max_entries <= most:
             raise InvalidArgument(
-                f"max entries must be from 1 to the pool's {self.num_pages} pages "
-                f"(each entry takes at least a page), got {self.max_entries}"
+                f"max entries must be from 1 to {most}, got {self.max_entries}: "
+                + (
+                    "entries with inline slots need no page of their own"
+                    if inline
+                    else f"each entry takes at least one of the pool's {self.num_pages} pages "
+                    "unless the pool has inline slots (--inline-bytes)"
+                )
             )
         if self.lfu_half_life == 0:
             object.__setattr__(self, "lfu_half_life", self.max_entries)
@@ -106,6 +134,7 @@ class PoolConfig:
         eviction_samples: int = DEFAULT_EVICTION_SAMPLES,
         lfu_half_life: int | None = None,
         max_processes: int = DEFAULT_MAX_PROCESSES,
+        inline_bytes: str | int = 0,
     ) -> PoolConfig:
         """Build a config from human inputs (``"16G"``, ``"64K"``, ``"1h"``)."""
         if not isinstance(policy, str):
@@ -123,6 +152,9 @@ class PoolConfig:
             eviction_samples=eviction_samples,
             lfu_half_life=lfu_half_life or 0,
             max_processes=max_processes,
+            inline_bytes=(
+                0 if inline_bytes in (0, "0") else parse_size(inline_bytes, what="inline bytes")
+            ),
         )
 
     @classmethod
@@ -134,6 +166,7 @@ class PoolConfig:
             UnicodeDecodeError: the stored policy name is not text.
         """
         ttl = float(record["default_ttl_s"])
+        names = record.dtype.names or ()
         return cls(
             size_bytes=size_bytes,
             page_size_bytes=int(record["page_size_bytes"]),
@@ -143,6 +176,7 @@ class PoolConfig:
             eviction_samples=int(record["eviction_samples"]),
             lfu_half_life=int(record["lfu_half_life"]),
             max_processes=int(record["max_processes"]),
+            inline_bytes=int(record["inline_bytes"]) if "inline_bytes" in names else 0,
         )
 
     def to_dict(self) -> dict[str, object]:

@@ -32,6 +32,9 @@ make, memory to reserve, damage), and ``Pool.put`` then writes the Python way.
 A larger put's two lock holds ask ``reserve`` and ``publish`` the same way
 (``Store.write``), and an eviction that makes room asks ``evict``.
 
+In a pool with inline slots (``inline_bytes``) the same calls read, write and free an
+entry's slot where its record holds no page, as ``Table.extents`` says.
+
 The hit touch in C is the one every policy shares (the logical clock, the
 decayed frequency, the access times) and, for the policies that keep queues,
 their hit (``HIT_KINDS``: a read counted, or a move to main's head). Disk pools
@@ -168,6 +171,8 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
         MAX_READS,
         g.live_offset,
         (1 << sample_shift(g.max_entries)) - 1,
+        g.inline_offset,
+        g.inline_bytes,
         FIELDS,
     )
 

@@ -31,6 +31,9 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               +-----------------------------+  (4 KiB aligned)
               | data pages                  |  num_pages x page_size
               +-----------------------------+
+              | inline slots (format 11)    |  max_entries x inline_bytes: the bytes
+              |                             |  of an entry that needs no page
+              +-----------------------------+
 
 Every field is 8 bytes, so the header and entry table are read and written
 through ``memoryview`` casts (about 3x faster per scalar than numpy, which
@@ -39,7 +42,10 @@ serve vectorised work (eviction scoring, repair). All zeros is a valid empty
 state for every region except the header, so creating a pool writes only the
 header, whatever its size.
 
-An entry's bytes are laid out over its pages as ``key | value header | payload``.
+An entry's bytes are laid out over its pages as ``key | value header | payload``;
+in a pool with inline slots, an entry whose bytes fit its slot (the slot of its
+entry id) is written there instead and holds no page (``num_pages`` 0). The
+slots follow the pages, so one view of the data region reaches both.
 """
 
 from __future__ import annotations
@@ -54,9 +60,13 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 10
-READABLE_VERSIONS = (10,)
-"""10: the pool lock is a word in the header (``lock_word``, ``flock_users``;
+FORMAT_VERSION = 11
+READABLE_VERSIONS = (10, 11)
+"""11: inline slots after the data pages (``inline_bytes``, ``inline_offset``), where an
+entry whose bytes fit takes no page. Only a pool with them is written as 11: a kvcache
+reading 10 would take an inline entry for a damaged one, so it must refuse such a pool,
+while a pool without them is laid out as 10 was and is still written as 10.
+10: the pool lock is a word in the header (``lock_word``, ``flock_users``;
 ``kvcache.lock``) wherever the compiled engine is built, and flock only for the
 handles counted in ``flock_users``. A format-9 kvcache would lock with flock
 alone, uncounted, so processes holding the word would not exclude it: format-9
@@ -222,6 +232,9 @@ HEADER_DTYPE = np.dtype(
         # handles lock with flock only (zero: "free" and "none")
         ("lock_word", "<i8"),
         ("flock_users", "<i8"),
+        # format 11: the inline slots (geometry; both 0 = none)
+        ("inline_bytes", "<i8"),
+        ("inline_offset", "<i8"),
     ]
 )
 
@@ -339,6 +352,8 @@ class Geometry:
     ghost_offset: int
     page_next_offset: int
     data_offset: int
+    inline_bytes: int
+    inline_offset: int  # 0 = no inline slots
     total_bytes: int
 
     @classmethod
@@ -352,6 +367,9 @@ class Geometry:
         ghost = _align(index + index_slots * 8)
         page_next = _align(ghost + GHOST_WORDS_PER_SLOT * index_slots * 8)
         data = _align(page_next + config.num_pages * 8)
+        pages_end = data + config.num_pages * config.page_size_bytes
+        inline_bytes = config.inline_bytes
+        inline = _align(pages_end) if inline_bytes else 0
         return cls(
             page_size_bytes=config.page_size_bytes,
             num_pages=config.num_pages,
@@ -365,13 +383,20 @@ class Geometry:
             ghost_offset=ghost,
             page_next_offset=page_next,
             data_offset=data,
-            total_bytes=data + config.num_pages * config.page_size_bytes,
+            inline_bytes=inline_bytes,
+            inline_offset=inline,
+            total_bytes=(inline or pages_end) + config.max_entries * inline_bytes,
         )
 
     @property
     def metadata_bytes(self) -> int:
-        """Bytes spent on everything but data pages."""
+        """Bytes spent on everything but data pages and inline slots."""
         return self.data_offset
+
+    @property
+    def format_version(self) -> int:
+        """The format a segment of this geometry is written as (see ``FORMAT_VERSION``)."""
+        return FORMAT_VERSION if self.inline_bytes else 10
 
 
 class Views:
@@ -447,7 +472,7 @@ def write_header(
     header["free_page_head"] = NO_PAGE
     header["next_expiry_at"] = np.inf
     header["reserved_pages"] = reserved_pages
-    header["format_version"] = FORMAT_VERSION
+    header["format_version"] = geometry.format_version
     header["magic"] = MAGIC
 
 
@@ -470,7 +495,8 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
     version = int(header["format_version"])
     if version not in READABLE_VERSIONS:
         raise IncompatiblePoolError(
-            f"{where} has pool format version {version}, this kvcache reads {FORMAT_VERSION}: "
+            f"{where} has pool format version {version}, this kvcache reads "
+            f"{' and '.join(map(str, READABLE_VERSIONS))}: "
             "open it with the kvcache that made it, or persist it there and restore here"
         )
     try:
@@ -482,7 +508,11 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
         ) from exc
     geometry = Geometry.for_config(config)
     stored = {name: int(header[name]) for name in Geometry.__dataclass_fields__}
-    if stored != vars(geometry) or geometry.total_bytes != file_bytes:
+    if (
+        stored != vars(geometry)
+        or geometry.total_bytes != file_bytes
+        or version != geometry.format_version
+    ):
         raise IncompatiblePoolError(
             f"{where} has a damaged header (its geometry does not match the file): "
             "destroy and recreate it"

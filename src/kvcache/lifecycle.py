@@ -59,6 +59,7 @@ def create(
     policy: str = "lru",
     page_size: str | int = "64K",
     max_entries: int | None = None,
+    inline_bytes: str | int = 0,
     default_ttl: str | float | None = None,
     eviction_samples: int = 64,
     lfu_half_life: int | None = None,
@@ -86,7 +87,11 @@ def create(
     Args:
         policy: eviction policy, see ``kvcache.policies.POLICIES``.
         page_size: allocation unit, a power of two from 1K to 256M.
-        max_entries: entry slots; default one per page.
+        max_entries: entry slots; default one per page (more with ``inline_bytes``).
+        inline_bytes: give each entry slot an inline slot of this many bytes (a multiple
+            of 64, at most half a page and 4K): an entry whose key, value header and
+            value fit there takes no page, so small values are packed (``"128"``); the
+            slots are reserved at create, ``max_entries`` times this many bytes.
         default_ttl: expiry for puts without a ttl (``"1h"``); default never.
         eviction_samples: entries scored per eviction (see ``PoolConfig``).
         lfu_half_life: clock ticks after which an idle LFU count halves.
@@ -157,6 +162,7 @@ def create(
         default_ttl=default_ttl,
         eviction_samples=eviction_samples,
         lfu_half_life=lfu_half_life,
+        inline_bytes=inline_bytes,
     )
     pool = create_from_config(
         name,
@@ -205,6 +211,12 @@ def create_from_config(
     geometry = Geometry.for_config(config)
 
     def initialise(seg: segment.Segment) -> None:
+        if geometry.inline_bytes and not prealloc:  # metadata, for what it costs up front
+            seg.reserve(
+                geometry.inline_offset,
+                geometry.total_bytes - geometry.inline_offset,
+                advice="give fewer --max-entries or smaller --inline-bytes",
+            )
         write_header(
             seg.buffer,
             config,

@@ -181,7 +181,7 @@ class EvictionResult:
 
     num_entries: int  # removed by the policy
     num_expired: int  # removed because they had expired
-    num_bytes: int  # page bytes freed by both
+    num_bytes: int  # bytes freed by both: pages, and inline slots
 
     def to_dict(self) -> dict[str, object]:
         """Plain fields, for JSON."""

@@ -1,9 +1,10 @@
 """Moving bytes between callers' buffers and an entry's pages.
 
 An entry's bytes (``key | value header | payload``) lie over its page chain,
-which ``PageAllocator.runs`` gives as runs of adjacent pages; each run is one
-``memoryview`` slice of the data region, so a value is copied with one
-``memcpy`` per run (one in total when its pages are adjacent, as they are in
+which ``Table.extents`` gives as extents of the data region, one per run of
+adjacent pages (``PageAllocator.runs``), or as its one inline slot; each extent
+is one ``memoryview`` slice of the data region, so a value is copied with one
+``memcpy`` per extent (one in total when its pages are adjacent, as they are in
 a fresh pool) and never through an intermediate buffer.
 """
 
@@ -17,29 +18,29 @@ import numpy as np
 import xxhash
 
 from . import codec, native
-from .allocator import Run
 from .errors import corrupt
 
+Extent = tuple[int, int]
+"""(offset in the data region, length) of bytes that lie together."""
 
-def spans(page_size: int, runs: list[Run], start: int, length: int) -> list[tuple[int, int]]:
-    """(offset in the data region, length) of each piece of bytes ``[start, start+length)``
-    of an entry laid over ``runs``.
+
+def spans(extents: list[Extent], start: int, length: int) -> list[Extent]:
+    """The extents of bytes ``[start, start+length)`` of an entry laid over ``extents``.
 
     Raises:
-        CorruptPoolError: a negative start or length, or bytes past the runs
+        CorruptPoolError: a negative start or length, or bytes past the extents
             (damaged lengths): a slice with a negative bound would wrap around to the
             end of the pool, and one past it would quietly come back short.
     """
     if start < 0 or length < 0:
         raise corrupt("an entry's lengths are damaged")
-    pieces: list[tuple[int, int]] = []
-    for first, count in runs:
-        run_bytes = count * page_size
-        if start >= run_bytes:
-            start -= run_bytes
+    pieces: list[Extent] = []
+    for offset, extent_bytes in extents:
+        if start >= extent_bytes:
+            start -= extent_bytes
             continue
-        take = min(length, run_bytes - start)
-        pieces.append((first * page_size + start, take))
+        take = min(length, extent_bytes - start)
+        pieces.append((offset + start, take))
         length -= take
         start = 0
         if not length:
@@ -49,11 +50,9 @@ def spans(page_size: int, runs: list[Run], start: int, length: int) -> list[tupl
     return pieces
 
 
-def slices(
-    data: memoryview, page_size: int, runs: list[Run], start: int, length: int
-) -> list[memoryview]:
-    """Views of bytes ``[start, start+length)`` of an entry laid over ``runs`` (see ``spans``)."""
-    return [data[offset : offset + n] for offset, n in spans(page_size, runs, start, length)]
+def slices(data: memoryview, extents: list[Extent], start: int, length: int) -> list[memoryview]:
+    """Views of bytes ``[start, start+length)`` of an entry laid over ``extents``."""
+    return [data[offset : offset + n] for offset, n in spans(extents, start, length)]
 
 
 class Payload:

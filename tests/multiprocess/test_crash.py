@@ -52,8 +52,10 @@ def _assert_sound(pool: kvcache.Pool) -> None:
     assert pool.stats().used_bytes == live_bytes
 
 
-def test_random_sigkills_during_churn(make_pool) -> None:
-    pool = make_pool("4M", page_size="16K", policy="lru")
+@pytest.mark.parametrize("inline_bytes", [0, 1024])
+def test_random_sigkills_during_churn(make_pool, inline_bytes: int) -> None:
+    """With inline slots, about a sixth of the values (a kilobyte or less) lie in them."""
+    pool = make_pool("4M", page_size="16K", policy="lru", inline_bytes=inline_bytes)
     rng = np.random.default_rng()
     name = pool.name
     seen = {"repaired": 0, "dead writers": 0}  # how the kills landed, for -s runs

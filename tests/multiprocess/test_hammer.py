@@ -31,6 +31,10 @@ POOLS = {
     "2M-4K-lfu-64slots": dict(
         size="2M", page_size="4K", policy="lfu", max_entries=64, key_space=60, max_size=100_000
     ),
+    # values of a kilobyte or less in inline slots, the rest in pages: both churn
+    "4M-16K-lru-inline": dict(
+        size="4M", page_size="16K", policy="lru", inline_bytes=1024, key_space=80, max_size=300_000
+    ),
 }
 
 
@@ -76,9 +80,10 @@ def test_processes_hammer_one_small_pool(make_pool, shape: str) -> None:
     assert set(pool.stats().attached).isdisjoint(p.pid for p in procs)  # they closed and left
 
 
-def test_compiled_and_pure_python_processes_hammer_one_pool(make_pool, monkeypatch) -> None:
+@pytest.mark.parametrize("shape", ["8M-16K-fifo", "4M-16K-lru-inline"])
+def test_compiled_and_pure_python_processes_hammer_one_pool(make_pool, monkeypatch, shape) -> None:
     """Both engines at once: the lock word and flock exclude each other (see kvcache.lock)."""
-    params = dict(POOLS["8M-16K-fifo"])
+    params = dict(POOLS[shape])
     key_space, max_size = params.pop("key_space"), params.pop("max_size")
     pool = make_pool(**params)
     with Children() as children:

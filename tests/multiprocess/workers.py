@@ -114,11 +114,12 @@ def verify(key: str, value: object) -> str | None:
     return f"{key}: get returned {type(value).__name__}"
 
 
-def pages_of(key: str, value: object, page_size: int) -> int:
-    """Pages a stored (key, value) occupies, computed from the public codec."""
+def pages_of(key: str, value: object, page_size: int, inline_bytes: int = 0) -> int:
+    """Pages a stored (key, value) occupies, computed from the public codec (none where it
+    fits the pool's inline slot)."""
     encoded = codec.encode(value, NO_LIMIT)
     total = len(key.encode()) + len(encoded.header) + encoded.payload.nbytes
-    return max(1, math.ceil(total / page_size))
+    return 0 if total <= inline_bytes else max(1, math.ceil(total / page_size))
 
 
 def audit(pool: kvcache.Pool) -> tuple[int, list[str]]:
@@ -126,7 +127,7 @@ def audit(pool: kvcache.Pool) -> tuple[int, list[str]]:
 
     Call only while no other process uses the pool (it reads keys, then values).
     """
-    page_size = pool.stats().page_size_bytes
+    page_size, inline_bytes = pool.stats().page_size_bytes, pool.config.inline_bytes
     used, problems = 0, []
     for key in pool:  # Pool.__iter__: a snapshot of the live keys
         value = pool.get(key)
@@ -136,7 +137,7 @@ def audit(pool: kvcache.Pool) -> tuple[int, list[str]]:
         problem = verify(key, value)
         if problem:
             problems.append(problem)
-        used += pages_of(key, value, page_size) * page_size
+        used += pages_of(key, value, page_size, inline_bytes) * page_size
     return used, problems
 
 

@@ -93,8 +93,9 @@ static int removable(const Finder *f, const char *map, int64_t eid, int64_t lo) 
 }
 
 /* Whether Table.remove of entry ``old`` (not in a queue or tree) reads only words in
- * range: its index slot, its place in the live list, its page chain's ends, the page
- * counts it changes; and whether it is READY, as an indexed entry is. */
+ * range: its index slot, its place in the live list, its page chain's ends and the page
+ * counts it changes (unless it lies in its inline slot); and whether it is READY, as an
+ * indexed entry is. */
 static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     const int64_t *w = f->field, n = f->max_entries;
     const char *entry = entry_at(f, map, old), *live = map + f->live_offset;
@@ -106,10 +107,12 @@ static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     int64_t moved = load(live, last), first = load(entry, w[F_FIRST_PAGE]);
     int64_t end = load(entry, w[F_LAST_PAGE]), pages = load(entry, w[F_NUM_PAGES]);
     int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), used = load(map, w[F_USED_PAGES]);
-    return load(entry, w[F_STATE]) == READY && moved >= 0 && moved < n && first >= 0 &&
-           first < f->num_pages && end >= 0 && end < f->num_pages && pages > 0 &&
-           pages <= f->num_pages && num_free >= 0 && num_free <= f->num_pages && used >= 0 &&
-           used <= f->num_pages && removable(f, map, old, lo);
+    int pages_ok = in_slot(f, entry) ||
+        (first >= 0 && first < f->num_pages && end >= 0 && end < f->num_pages && pages > 0 &&
+         pages <= f->num_pages && num_free >= 0 && num_free <= f->num_pages && used >= 0 &&
+         used <= f->num_pages);
+    return load(entry, w[F_STATE]) == READY && moved >= 0 && moved < n && pages_ok &&
+           removable(f, map, old, lo);
 }
 
 /* Whether the chain of the planned pages, as PageAllocator.allocate will link it, holds
@@ -152,7 +155,7 @@ enum { LEAVE_TO_PYTHON = 0, PLANNED = 1, NO_ROOM = 2 };
 static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64_t total,
                         Plan *p) {
     const int64_t *w = f->field, n = f->max_entries, pages = f->num_pages;
-    p->num_pages = (total + f->page_size - 1) / f->page_size;
+    p->num_pages = total <= f->inline_bytes ? 0 : (total + f->page_size - 1) / f->page_size;
     p->old = probe(f, map, p->lo, p->hi);
     p->regret = -1;
     if (p->old == NOT_HERE || key_len <= 0 || p->num_pages > pages) return 0;
@@ -214,11 +217,14 @@ static void regret_request(const Finder *f, char *map, int64_t record, double no
     store(map, w[F_REGRET_ACCESSES_SUM], load(map, w[F_REGRET_ACCESSES_SUM]) + accesses);
 }
 
-/* PageAllocator.allocate of the planned pages; the chain's first page (and its last). */
+/* PageAllocator.allocate of the planned pages; the chain's first page (and its last):
+ * NO_PAGE for an entry in its inline slot, which takes none. */
 static int64_t allocate(const Finder *f, char *map, const Plan *p, int64_t *last_page) {
     const int64_t *w = f->field;
     char *links = map + f->page_next_offset;
     int64_t first = NO_PAGE, last = NO_PAGE;
+    *last_page = NO_PAGE;
+    if (!p->num_pages) return NO_PAGE;
     if (p->from_free) {
         first = load(map, w[F_FREE_PAGE_HEAD]);
         last = p->free_last;
@@ -290,10 +296,13 @@ static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
     store(entry_at(f, map, moved), w[F_LIVE_POS], pos);
     store(map, w[F_NUM_LIVE], last);
     int64_t pages = load(entry, w[F_NUM_PAGES]);
-    store(map + f->page_next_offset, load(entry, w[F_LAST_PAGE]), load(map, w[F_FREE_PAGE_HEAD]));
-    store(map, w[F_FREE_PAGE_HEAD], load(entry, w[F_FIRST_PAGE]));
-    store(map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) + pages);
-    store(map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) - pages);
+    if (!in_slot(f, entry)) { /* PageAllocator.free: an inline slot holds no page */
+        store(map + f->page_next_offset, load(entry, w[F_LAST_PAGE]),
+              load(map, w[F_FREE_PAGE_HEAD]));
+        store(map, w[F_FREE_PAGE_HEAD], load(entry, w[F_FIRST_PAGE]));
+        store(map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) + pages);
+        store(map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) - pages);
+    }
     store_release(entry, w[F_STATE], FREE);
     store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
     store(entry, w[F_NEXT_FREE], load(map, w[F_FREE_ENTRY_HEAD]));
@@ -382,7 +391,16 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     XXH3_INITSTATE(&state);
     XXH3_64bits_reset(&state);
     XXH3_64bits_update(&state, fields, sizeof fields);
-    scatter(f, map, first, pieces, 3, &state);
+    if (p->num_pages) {
+        scatter(f, map, first, pieces, 3, &state);
+    } else { /* the entry's inline slot, which holds all of it (plan_reserve) */
+        char *slot = map + slot_at(f, map, entry_at(f, map, p->eid));
+        for (int i = 0; i < 3; i++) {
+            XXH3_64bits_update(&state, pieces[i].buf, (size_t)pieces[i].len);
+            memcpy(slot, pieces[i].buf, (size_t)pieces[i].len);
+            slot += pieces[i].len;
+        }
+    }
     uint64_t checksum = XXH3_64bits_digest(&state);
     apply_publish(f, map, p, checksum, now);
     return checksum;

@@ -56,6 +56,7 @@ def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
         "page_size": args.page_size,
         "policy": args.policy or ("prefix" if args.prefix_cache else "lru"),
         "max_entries": args.max_entries,
+        "inline_bytes": args.inline_bytes,
         "default_ttl": args.ttl,
     }
     mode = _octal_mode(args.mode)
@@ -114,7 +115,10 @@ def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
         f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
-        f"tier {tier}" + (f", spills to '{args.spill_to}'" if args.spill_to else "") + remote
+        + (f"{config.inline_bytes}-byte inline slots, " if config.inline_bytes else "")
+        + f"tier {tier}"
+        + (f", spills to '{args.spill_to}'" if args.spill_to else "")
+        + remote
     )
     if args.restore:
         out.line(f"no snapshot at {snapshot}: the pool starts empty")
@@ -244,6 +248,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("used", f"{format_size(stats.used_bytes)} ({stats.used_bytes / stats.size_bytes:.1%})"),
         ("free", format_size(stats.free_bytes)),
         ("page size", format_size(stats.page_size_bytes)),
+        *([("inline slots", f"{config.inline_bytes} B each")] if config.inline_bytes else []),
         ("entries", f"{stats.num_entries} of {stats.max_entries}"),
         ("default ttl", f"{config.default_ttl_s:g}s" if config.default_ttl_s else "none"),
         ("hits / misses", f"{stats.hits} / {stats.misses} ({stats.hit_rate:.1%} hit rate)"),

@@ -254,6 +254,13 @@ def _create(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-entries", type=_positive_number, help="entry slots, 1 or more (default one per page)"
     )
+    p.add_argument(
+        "--inline-bytes",
+        default=0,
+        help="pack small values: each entry slot gets an inline slot of this many bytes "
+        "(64-4K, a multiple of 64), where a value that fits with its key takes no page; "
+        "allows more --max-entries than pages (default none)",
+    )
     p.add_argument("--ttl", help="default expiry of entries: 90s, 15m, 1h (default never)")
     p.add_argument("--prealloc", action="store_true", help="reserve all memory now")
     p.add_argument(

@@ -22,13 +22,13 @@ from typing import NamedTuple, cast
 import numpy as np
 
 from .. import fastpath, segment, transfer
-from ..allocator import PageAllocator, Run
+from ..allocator import PageAllocator
 from ..config import MAX_KEY_BYTES, PoolConfig
 from ..entries import EntryTable
 from ..errors import OutOfSharedMemoryError, PoolFullError, damaged
 from ..index import HashIndex
 from ..keys import Key, key_hash
-from ..layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, H, Views
+from ..layout import ENTRY_WORDS, KEY_IS_STR, NO_PAGE, READY, WRITING, E, H, Views
 from ..policies import Policy, QueuePolicy, get_policy
 from ..queues import MAIN, PROBATION, Queues
 from ..regret import RegretSample
@@ -89,6 +89,8 @@ class Table:
         self.page_size = views.geometry.page_size_bytes
         self.num_pages = views.geometry.num_pages
         self.data_offset = views.geometry.data_offset
+        self.inline_bytes = views.geometry.inline_bytes
+        self.inline_start = views.geometry.inline_offset - self.data_offset  # in the data region
         self.segment = seg
         self.allocator = allocator
         self.entries = EntryTable(views)
@@ -144,28 +146,34 @@ class Table:
 
     def key_of(self, eid: int) -> Key:
         """The key of entry ``eid`` as it was given (for listings: checked, unlike lookups)."""
-        base = eid * ENTRY_WORDS
-        if not 0 <= self.eq[base + E.first_page] < self.num_pages:
-            raise damaged(self.name, f"entry {eid}'s first page is outside the pool")
+        if not self._key_in_range(eid):
+            raise damaged(self.name, f"entry {eid}'s key is outside its pages or slot")
         key = bytes(self.key_view(eid))
-        if not 0 < len(key) == self.eq[base + E.key_len] <= MAX_KEY_BYTES:
-            raise damaged(self.name, f"entry {eid}'s key length is out of range")
-        return key.decode("utf-8") if self.eq[base + E.flags] & KEY_IS_STR else key
+        return key.decode("utf-8") if self.eq[eid * ENTRY_WORDS + E.flags] & KEY_IS_STR else key
+
+    def _key_in_range(self, eid: int) -> bool:
+        """Whether entry ``eid``'s key length is in range and its key in its first page or
+        its inline slot (a key always fits in either)."""
+        q, base = self.eq, eid * ENTRY_WORDS
+        key_len = q[base + E.key_len]
+        if not 0 < key_len <= MAX_KEY_BYTES:
+            return False
+        if not q[base + E.num_pages] and self.inline_bytes:
+            return key_len <= self.inline_bytes
+        return 0 <= q[base + E.first_page] < self.num_pages
 
     def key_view(self, eid: int) -> memoryview:
-        base = eid * ENTRY_WORDS
-        start = self.eq[base + E.first_page] * self.page_size
-        return self.data[start : start + self.eq[base + E.key_len]]
+        start = self._start(eid)
+        return self.data[start : start + self.eq[eid * ENTRY_WORDS + E.key_len]]
 
     def _key_from_file(self, eid: int) -> bytes:
         """A disk pool's ``key_view``, read with ``pread``: a fault on a cold page of the
         mapping reads far more around it, under the lock (a cold 1 MiB get took 5.0 ms
         instead of 1.2; see docs/tiers.md, "Disk pools")."""
-        base = eid * ENTRY_WORDS
-        first, key_len = self.eq[base + E.first_page], self.eq[base + E.key_len]
-        if not (0 <= first < self.num_pages and 0 < key_len <= MAX_KEY_BYTES):
+        if not self._key_in_range(eid):
             return b""  # damaged: matches no key (as a view past the pool's end would not)
-        return os.pread(self.segment.fd, key_len, self.data_offset + first * self.page_size)
+        key_len = self.eq[eid * ENTRY_WORDS + E.key_len]
+        return os.pread(self.segment.fd, key_len, self.data_offset + self._start(eid))
 
     def lookup(self, key_bytes: bytes, *, count: bool, read_ahead: bool = False) -> int:
         """``find``, dropping an expired entry, counting a hit or miss and touching on a hit."""
@@ -243,20 +251,35 @@ class Table:
             q[base + E.header_len],
             q[base + E.value_len],
         )
-        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        header = b"".join(self._slices(runs, key_len, header_len)) if header_len else b""
-        spans = transfer.spans(self.page_size, runs, key_len + header_len, value_len)
+        extents = self.extents(eid)
+        header = b"".join(self._slices(extents, key_len, header_len)) if header_len else b""
+        spans = transfer.spans(extents, key_len + header_len, value_len)
         views = [self.data[offset : offset + n] for offset, n in spans]
         if not (from_file and self.segment.on_disk):
             return header, transfer.Payload(views), q[base + E.generation]
         in_file = [(self.data_offset + offset, n) for offset, n in spans]
         return header, transfer.Payload(views, self.segment.fd, in_file), q[base + E.generation]
 
-    def file_spans(self, eid: int) -> list[tuple[int, int]]:
-        """(offset, length) in the pool's file of each run of entry ``eid``'s pages."""
+    def extents(self, eid: int) -> list[transfer.Extent]:
+        """Where entry ``eid``'s bytes lie in the data region: its inline slot, or each run of
+        adjacent pages of its chain (bounds-checked: ``PageAllocator.runs``)."""
         q, base, page = self.eq, eid * ENTRY_WORDS, self.page_size
-        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
-        return [(self.data_offset + first * page, count * page) for first, count in runs]
+        num_pages = q[base + E.num_pages]
+        if not num_pages and self.inline_bytes:
+            return [(self.inline_start + eid * self.inline_bytes, self.inline_bytes)]
+        runs = self.allocator.runs(q[base + E.first_page], num_pages)
+        return [(first * page, count * page) for first, count in runs]
+
+    def _start(self, eid: int) -> int:
+        """Where entry ``eid``'s bytes (its key first) begin in the data region, unchecked."""
+        base = eid * ENTRY_WORDS
+        if not self.eq[base + E.num_pages] and self.inline_bytes:
+            return self.inline_start + eid * self.inline_bytes
+        return self.eq[base + E.first_page] * self.page_size
+
+    def file_spans(self, eid: int) -> list[transfer.Extent]:
+        """(offset, length) in the pool's file of each extent of entry ``eid``'s bytes."""
+        return [(self.data_offset + offset, n) for offset, n in self.extents(eid)]
 
     def summed(self, eid: int, *, payload: bool = True) -> Summed:
         """The entry's checksum and what it covers (``payload``: the value's bytes too)."""
@@ -273,12 +296,11 @@ class Table:
         """Views of an entry's bytes (key | value header | payload; without ``payload``: key |
         value header)."""
         q, base = self.eq, eid * ENTRY_WORDS
-        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
         total = q[base + E.key_len] + q[base + E.header_len] + (q[base + E.value_len] * payload)
-        return self._slices(runs, 0, total)
+        return self._slices(self.extents(eid), 0, total)
 
-    def _slices(self, runs: list[Run], start: int, length: int) -> list[memoryview]:
-        return transfer.slices(self.data, self.page_size, runs, start, length)
+    def _slices(self, extents: list[transfer.Extent], start: int, length: int) -> list[memoryview]:
+        return transfer.slices(self.data, extents, start, length)
 
     # ------------------------------------------------------- reserve and publish
 
@@ -322,7 +344,7 @@ class Table:
                 recalled = RECALL_AT_ADMIT
         self._room(num_pages, recalled)
         try:
-            first, last = self.allocator.allocate(num_pages)
+            first, last = self.allocator.allocate(num_pages) if num_pages else (NO_PAGE, NO_PAGE)
         except OutOfSharedMemoryError:
             # The machine will not back more pages (a full /dev/shm, or the memory
             # check): fit the put into the pages the pool has, by evicting. Not for a
@@ -492,7 +514,9 @@ class Table:
     def free_entry(self, eid: int) -> None:
         """Give back a WRITING (or just unindexed) entry's pages and slot."""
         q, base = self.eq, eid * ENTRY_WORDS
-        self.allocator.free(q[base + E.first_page], q[base + E.last_page], q[base + E.num_pages])
+        num_pages = q[base + E.num_pages]
+        if num_pages or not self.inline_bytes:  # an inline entry holds no page
+            self.allocator.free(q[base + E.first_page], q[base + E.last_page], num_pages)
         self.entries.release(eid)
 
 

@@ -73,6 +73,7 @@ HEADER_DTYPE = np.dtype(
         # Added within version 1, in what was the zeroed tail: 0 = not recorded
         # (an older writer), restored as 0600. Older readers ignore it.
         ("mode", "<i8"),  # the pool file's permission bits
+        ("inline_bytes", "<i8"),  # the pool's inline slots (0 = none, or an older writer)
     ]
 )
 assert HEADER_DTYPE.itemsize <= HEADER_BYTES
@@ -119,6 +120,7 @@ def encode_header(
         "eviction_samples",
         "lfu_half_life",
         "max_processes",
+        "inline_bytes",
     ):
         header[field] = getattr(config, field)
     header["policy"] = config.policy.encode()
