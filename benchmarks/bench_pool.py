@@ -36,9 +36,13 @@ Method
   as the pool cycles through, so both see the same cache regime.
 * Scaling (2): latency of ``get`` and overwriting ``put`` on uniformly random
   keys, 64-byte values in 1 KiB pages, in a pool of 1,000 entries and one of
-  1,000,000 (100,000 with ``--quick``). Each call is timed on its own (so p99
-  is available); calls run in rounds on fresh random keys and the median
-  round's mean and p99 are shown.
+  1,000,000 (100,000 with ``--quick``), and again with the values packed into
+  128-byte inline slots (``inline_bytes``). Each call is timed on its own (so
+  p99 is available); calls run in rounds on fresh random keys and the median
+  round's mean and p99 are shown. Then the memory each layout's large pool
+  holds (the file's allocated blocks: metadata, pages, slots) against the
+  growth of Redis's ``used_memory`` for the same keys and values, when a
+  redis-server runs on 127.0.0.1:6379.
 * Eviction cost (3): ``put`` of new keys into a full pool (every put evicts
   one entry, chosen from the default sample of 64) against ``put`` of new keys
   into the same pool size after it was filled and emptied with
@@ -617,10 +621,26 @@ def latency(op: Callable[[str], object], rounds: Sequence[Sequence[str]]) -> Lat
     return Latency(float(statistics.median(means)), float(statistics.median(p99s)))
 
 
-def measure_scaling(num_entries: int, settings: Settings) -> tuple[dict[str, Latency], float]:
-    """put/get latency on random keys of a pool holding ``num_entries`` 64-byte values."""
+@dataclass(frozen=True)
+class Scaled:
+    latency: dict[str, Latency]
+    fill_rate: float  # puts/s while filling
+    memory_bytes: int  # the pool file's allocated bytes once filled
+
+
+SCALING_LAYOUTS = {"1 KiB pages": 0, "128 B inline slots": 128}
+"""The scaling section's layouts of 64-byte values: a page each, or the entry's inline slot."""
+
+
+def scaling_keys(num_entries: int) -> list[str]:
+    return [f"key-{i:08d}" for i in range(num_entries)]
+
+
+def measure_scaling(num_entries: int, inline_bytes: int, settings: Settings) -> Scaled:
+    """put/get latency on random keys of a pool holding ``num_entries`` 64-byte values, in
+    pages or (``inline_bytes``) in inline slots."""
     value = random_bytes(64)
-    keys = [f"key-{i:08d}" for i in range(num_entries)]
+    keys = scaling_keys(num_entries)
     rng = np.random.default_rng(SEED)
 
     def random_rounds() -> list[list[str]]:
@@ -630,8 +650,12 @@ def measure_scaling(num_entries: int, settings: Settings) -> tuple[dict[str, Lat
             for _ in range(settings.repeats)
         ]
 
-    size = (num_entries + num_entries // 20 + 64) * KiB  # 5% spare pages for overwrites
-    with temp_pool(new_pool_name("scale"), size, page_size="1K") as pool:
+    spare = num_entries + num_entries // 20 + 64  # 5% spare pages (or slots) for overwrites
+    options: dict[str, object] = {"page_size": "1K"}
+    if inline_bytes:  # the pages are then for values that do not fit a slot: none here
+        options.update(inline_bytes=inline_bytes, max_entries=spare)
+    size = 64 * KiB if inline_bytes else spare * KiB
+    with temp_pool(new_pool_name("scale"), size, **options) as pool:
         put, get = pool.put, pool.get
         progress(f"scaling: filling {num_entries:,} entries")
         start = time.perf_counter()
@@ -649,32 +673,86 @@ def measure_scaling(num_entries: int, settings: Settings) -> tuple[dict[str, Lat
         stats = pool.stats()
         if stats.num_entries != num_entries or stats.evictions or stats.misses:
             raise RuntimeError(f"scaling pool evicted or missed: {stats}")
-    return result, fill_rate
+        memory = os.stat(pool.path).st_blocks * 512
+    return Scaled(result, fill_rate, memory)
+
+
+def redis_memory_for(num_entries: int) -> int | None:
+    """How much Redis's ``used_memory`` grows holding ``num_entries`` keys of the scaling
+    section with 64-byte values (removed again after); None without a server."""
+    try:
+        import redis
+    except ImportError:
+        return None
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5)
+    try:
+        client.ping()
+    except redis.RedisError:  # no server: the table says how to add one
+        client.close()
+        return None
+    prefix, value = f"{POOL_PREFIX}:", random_bytes(64)
+    keys = [prefix + key for key in scaling_keys(num_entries)]
+    try:
+        before = int(client.info("memory")["used_memory"])
+        for start in range(0, num_entries, 10_000):
+            with client.pipeline(transaction=False) as pipe:
+                for key in keys[start : start + 10_000]:
+                    pipe.set(key, value)
+                pipe.execute()
+        return int(client.info("memory")["used_memory"]) - before
+    finally:
+        for start in range(0, num_entries, 10_000):
+            client.delete(*keys[start : start + 10_000])
+        client.close()
 
 
 def section_scaling(settings: Settings) -> None:
     small_n, large_n = 1000, settings.large_entries
-    small, _ = measure_scaling(small_n, settings)
-    large, fill_rate = measure_scaling(large_n, settings)
-    rows = []
-    for op in ("put", "get"):
-        ratio = large[op].mean_us / small[op].mean_us
-        rows.append(
+    rows, memory_rows = [], []
+    redis_bytes = redis_memory_for(large_n)
+    for layout, inline_bytes in SCALING_LAYOUTS.items():
+        small = measure_scaling(small_n, inline_bytes, settings).latency
+        scaled = measure_scaling(large_n, inline_bytes, settings)
+        large = scaled.latency
+        for op in ("put", "get"):
+            ratio = large[op].mean_us / small[op].mean_us
+            rows.append(
+                [
+                    f"{op}, {layout}",
+                    f"{small[op].mean_us:.2f}",
+                    f"{large[op].mean_us:.2f}",
+                    f"{ratio:.2f}",
+                    f"{small[op].p99_us:.2f}",
+                    f"{large[op].p99_us:.2f}",
+                    "<= 1.2x",
+                    verdict(ratio <= 1.2),
+                ]
+            )
+        vs_redis = "-" if redis_bytes is None else f"{scaled.memory_bytes / redis_bytes:.2f}"
+        memory_rows.append(
             [
-                op,
-                f"{small[op].mean_us:.2f}",
-                f"{large[op].mean_us:.2f}",
-                f"{ratio:.2f}",
-                f"{small[op].p99_us:.2f}",
-                f"{large[op].p99_us:.2f}",
+                layout,
+                fmt_size(scaled.memory_bytes),
+                f"{scaled.memory_bytes / large_n:.0f}",
+                vs_redis,
                 "<= 1.5x",
-                verdict(ratio <= 1.5),
+                "-" if redis_bytes is None else verdict(scaled.memory_bytes <= 1.5 * redis_bytes),
+                fmt_int(scaled.fill_rate),
+            ]
+        )
+    if redis_bytes is not None:
+        memory_rows.append(
+            [
+                "redis (used_memory growth)",
+                fmt_size(redis_bytes),
+                f"{redis_bytes / large_n:.0f}",
+                *("1.00", "", "", ""),
             ]
         )
     print_table(
-        f"2. Scaling: latency at {small_n:,} vs {large_n:,} entries (64 B values, 1 KiB pages)",
+        f"2. Scaling: latency at {small_n:,} vs {large_n:,} entries (64 B values)",
         [
-            "op",
+            "op, layout",
             f"mean us @{small_n:,}",
             f"mean us @{large_n:,}",
             "ratio",
@@ -687,8 +765,18 @@ def section_scaling(settings: Settings) -> None:
         [
             f"{settings.latency_ops:,} calls per cell on uniformly random keys, in "
             f"{settings.repeats} rounds (median round shown); put overwrites.",
-            f"filling the {large_n:,}-entry pool ran at {fmt_int(fill_rate)} puts/s "
-            "(includes first touch of its pages).",
+        ],
+    )
+    print_table(
+        f"2b. Memory: {large_n:,} entries of 64 B",
+        ["layout", "memory", "bytes/entry", "x redis", "goal", "result", "fill puts/s"],
+        memory_rows,
+        [
+            "a pool's memory is its file's allocated blocks (records, index, live list, "
+            "ghost ring, pages, slots), 5% spare slots included;",
+            "redis: start redis-server on 127.0.0.1:6379 to measure it"
+            if redis_bytes is None
+            else "redis: the growth of used_memory while holding the same keys",
         ],
     )
 
