@@ -773,7 +773,7 @@ def section_scaling(settings: Settings) -> None:
         memory_rows,
         [
             "a pool's memory is its file's allocated blocks (records, index, live list, "
-            "ghost ring, pages, slots), 5% spare slots included;",
+            "pages, slots; lru keeps no ghost ring), 5% spare slots included;",
             "redis: start redis-server on 127.0.0.1:6379 to measure it"
             if redis_bytes is None
             else "redis: the growth of used_memory while holding the same keys",

@@ -392,3 +392,56 @@ def test_a_restore_that_runs_out_of_memory_midway_fails_rather_than_evict(
     with pytest.raises(NotEnoughMemoryError, match=f"pool '{pool_name}-restored' needs 8.0M"):
         kvcache.restore(f"{pool_name}-restored", snapshot)
     assert sorted(os.listdir(shm)) == ["filler"]
+
+
+def test_only_a_policy_that_keeps_queues_backs_the_ghost_ring(names) -> None:
+    """Nothing but ``s3fifo``, ``arc`` and ``prefix`` writes the ghost ring: in a pool of
+    another policy it stays a hole in the file and costs no memory."""
+    options = {"page_size": "1K", "inline_bytes": 128, "max_entries": 100_000}
+    with (
+        kvcache.create(names(), "64K", **options) as lru,
+        kvcache.create(names(), "64K", policy="arc", **options) as arc,
+    ):
+        ghost_bytes = lru._engine.views.geometry.ghost_span[1]
+        assert ghost_bytes == 3 * 262_144 * 8  # three words per index slot
+        held = [os.stat(pool.path).st_blocks * 512 for pool in (lru, arc)]
+        assert held[1] - held[0] == ghost_bytes
+        for pool in (lru, arc):
+            for i in range(1000):
+                pool.put(f"k{i}", b"v" * 64)
+        assert os.stat(lru.path).st_blocks * 512 == held[0]  # puts reached no hole
+
+
+TAMPERED_OPEN = """
+import sys, kvcache
+from kvcache import OutOfSharedMemoryError
+try:
+    with kvcache.open(sys.argv[1]) as pool:  # an arc pool now, by its header
+        for i in range(40_000):  # twice its entries: evictions write ghosts all over the ring
+            pool.put(f"k{i}", b"v" * 64)
+except OutOfSharedMemoryError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_policy_word_changed_to_a_queue_policy_is_backed_before_it_is_written(
+    names, mount_tmpfs, monkeypatch
+) -> None:
+    """A pool writer who changes an ``lru`` pool's policy to ``arc`` makes the next opener
+    write the ghost ring that the pool's create left unbacked: on a full /dev/shm a store
+    there would be a SIGBUS. The open backs the ring first, and refuses if it cannot."""
+    shm = mount_tmpfs("16m")
+    monkeypatch.setenv("KVCACHE_SHM_DIR", str(shm))
+    name = names()
+    with kvcache.create(name, "64K", page_size="1K", inline_bytes=64, max_entries=20_000) as pool:
+        pool.put("k", b"v")
+        path, ghost_bytes = pool.path, pool._engine.views.geometry.ghost_span[1]
+    _fill_but(shm, ghost_bytes // 2)
+    with open(path, "r+b") as f:
+        f.seek(H.policy * 8)
+        f.write(b"arc".ljust(16, b"\0"))
+    result = subprocess.run(
+        [sys.executable, "-c", TAMPERED_OPEN, name], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])  # -7: SIGBUS
+    assert result.stdout.startswith("refused:") and f"{shm} is full" in result.stdout

@@ -393,6 +393,24 @@ class Geometry:
         """Bytes spent on everything but data pages and inline slots."""
         return self.data_offset
 
+    def metadata_after_index(self, uses_queues: bool) -> list[tuple[int, int]]:
+        """(offset, length) of what follows the key index that a new pool backs with memory
+        (the rest of its metadata comes first, in one reservation): the ghost ring only where
+        the policy keeps queues (no other touches it, so it stays a hole in the file, which
+        costs nothing: 96 bytes per entry at a million entries), the page links, and the
+        inline slots."""
+        regions = [(self.page_next_offset, self.data_offset - self.page_next_offset)]
+        if uses_queues:
+            regions.insert(0, self.ghost_span)
+        if self.inline_bytes:
+            regions.append((self.inline_offset, self.total_bytes - self.inline_offset))
+        return regions
+
+    @property
+    def ghost_span(self) -> tuple[int, int]:
+        """(offset, length) of the ghost region."""
+        return self.ghost_offset, self.page_next_offset - self.ghost_offset
+
     @property
     def format_version(self) -> int:
         """The format a segment of this geometry is written as (see ``FORMAT_VERSION``)."""

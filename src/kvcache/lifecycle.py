@@ -46,10 +46,14 @@ from .opening import (
     open_unchained,
     upper_pools,
 )
+from .policies import get_policy
 from .pool import Pool
 from .remote.reach import check_reachable, remote_spec
 from .settings import NONE as NO_SETTINGS
 from .settings import PoolSettings, remove_settings, write_settings
+
+METADATA_ADVICE = "give fewer --max-entries or a smaller --inline-bytes, or free memory"
+"""What to do where a new pool's metadata after its index cannot be backed with memory."""
 
 
 def create(
@@ -211,12 +215,10 @@ def create_from_config(
     geometry = Geometry.for_config(config)
 
     def initialise(seg: segment.Segment) -> None:
-        if geometry.inline_bytes and not prealloc:  # metadata, for what it costs up front
-            seg.reserve(
-                geometry.inline_offset,
-                geometry.total_bytes - geometry.inline_offset,
-                advice="give fewer --max-entries or smaller --inline-bytes",
-            )
+        if not prealloc:  # the metadata after the index: what the pool's policy will write
+            uses_queues = get_policy(config.policy).uses_queues
+            for offset, length in geometry.metadata_after_index(uses_queues):
+                seg.reserve(offset, length, advice=METADATA_ADVICE)
         write_header(
             seg.buffer,
             config,
@@ -228,7 +230,7 @@ def create_from_config(
         )
         durable.mark_new(seg)
 
-    reserve = geometry.total_bytes if prealloc else geometry.data_offset
+    reserve = geometry.total_bytes if prealloc else geometry.ghost_offset
     seg = segment.create(
         name, geometry.total_bytes, reserve, mode, initialise, hidden=hidden, folder=folder
     )

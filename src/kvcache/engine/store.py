@@ -121,6 +121,11 @@ class Store:
             views, Growth(lambda off, n: seg.reserve(data_offset + off, n, populate=True), clock)
         )
         table = self.table = Table(seg.name, config, views, seg, allocator, clock)
+        if table.queues is not None:
+            # Its create backed the ghost ring only for a policy that keeps queues: where the
+            # header says so now (a pool writer may have changed it), back it before it is
+            # written, so that a full /dev/shm is an error here, not a SIGBUS there.
+            seg.allocate(*geometry.ghost_span)
         self.procs = ProcessTable(views.procs, geometry.procs_offset, probe_fd=seg.fd)
         self.lock = PoolLock(
             seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
