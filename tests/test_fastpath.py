@@ -586,6 +586,36 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data, inline) -> No
 
 
 @compiled
+def test_bug_a_put_claiming_an_entry_that_a_damaged_index_slot_names_was_taken_in_c() -> None:
+    """The fuzz found it: an index slot on a new key's probe, overwritten to name the free
+    entry that the put claims, is passed over by C's probe before the claim (that entry's
+    hash is another's), but Python's publish looks the key up again after reserve wrote its
+    hash there, finds that entry first and fails on it. C took such a put; it declines it
+    now, having written nothing, and the Python put reports the damage."""
+    with damaged_pool("lru") as pool:
+        engine = pool._engine
+        views, raw = engine.views, engine.views.raw
+        free = views.header_q[H.free_entry_head] - 1  # "gone", deleted by the fill
+        assert free >= 0
+        mask = views.geometry.index_slots - 1
+        key = next(
+            k
+            for k in (f"new{i}".encode() for i in range(1000))
+            if not views.index[key_hash(k)[0] & mask]
+        )
+        views.index[key_hash(key)[0] & mask] = free + 1
+        before = bytes(raw)
+        with engine.lock:
+            answer = engine._put(
+                raw, key, 0, b"", b"v", 0, math.inf, 0.0, engine.slot, engine.serial
+            )
+        assert answer is None and bytes(raw) == before
+        engine._put = None
+        with pytest.raises(CorruptPoolError):
+            pool.put(key, b"v")
+
+
+@compiled
 @DAMAGE_SETTINGS
 @given(data=st.data(), inline=st.sampled_from([0, 128]))
 def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data, inline) -> None:

@@ -148,6 +148,21 @@ static int publish_ok(const Finder *f, const char *map, const Plan *p, int bumps
 
 enum { LEAVE_TO_PYTHON = 0, PLANNED = 1, NO_ROOM = 2 };
 
+/* Whether the key's probe meets no index slot naming the entry it will claim before it
+ * reaches its old entry (or an empty slot). Table.publish looks the key up again after
+ * reserve wrote its hash into that entry: a damaged slot naming it on the way would be
+ * found first, and Python's put then fails on it (the entry is not live), as it must. */
+static int claimed_off_the_probe(const Finder *f, const char *map, const Plan *p) {
+    const char *index = map + f->index_offset;
+    int64_t mask = f->index_slots - 1, slot = p->lo & mask;
+    for (int64_t probes = 0; probes < f->index_slots; probes++, slot = (slot + 1) & mask) {
+        int64_t value = load(index, slot);
+        if (value == p->eid + 1) return 0;
+        if (value == 0 || value == p->old + 1) return 1;
+    }
+    return 0;
+}
+
 /* Everything Python's reserve would check or could fail on, checked: PLANNED, with what
  * reserve will do set, and ``p->old`` the key's entry now (-1: none); NO_ROOM where all
  * is in range but pages or an entry slot must be freed first (Python's make_room);
@@ -175,7 +190,8 @@ static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64
     /* A FREE slot (Python checks that only on the free chain): a READY one, or the old
      * entry itself, would be overwritten. */
     const char *claimed = entry_at(f, map, p->eid);
-    if (load(claimed, w[F_STATE]) != FREE || load(claimed, w[F_GENERATION]) == INT64_MAX)
+    if (load(claimed, w[F_STATE]) != FREE || load(claimed, w[F_GENERATION]) == INT64_MAX ||
+        !claimed_off_the_probe(f, map, p))
         return 0;
     /* PageAllocator.allocate, without reserving memory (_reserve_fresh) */
     p->from_free = p->num_pages < num_free ? p->num_pages : num_free;
