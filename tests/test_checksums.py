@@ -49,7 +49,7 @@ def test_check_finds_damaged_bytes_and_repair_removes_them(make_pool: Maker, siz
     assert pool.stats().damaged == 1
 
 
-@pytest.mark.parametrize("size", [100, 200_000])
+@pytest.mark.parametrize("size", [100, 200_000, 3_000_000])  # the largest summed as it streams
 def test_verify_reads_turns_damage_into_a_miss(make_pool: Maker, size: int) -> None:
     pool = make_pool("4M", page_size="4K", verify_reads=False)
     pool.put("k", b"v" * size)
@@ -95,7 +95,8 @@ def _read_in_a_process(name: str, mode: str, size: int, pure: str) -> list[str]:
 
 
 @pytest.mark.parametrize("pure", ["", "1"], ids=["compiled", "pure-python"])
-@pytest.mark.parametrize("size", [100, 4096, 200_000])  # in one page, in several, outside the lock
+# in one page, in several, outside the lock, and past transfer.ONE_PASS_MAX_BYTES (streamed)
+@pytest.mark.parametrize("size", [100, 4096, 200_000, 3_000_000])
 def test_a_byte_flipped_in_dev_shm_is_served_unverified_and_a_damaged_miss_verified(
     make_pool: Maker, size: int, pure: str
 ) -> None:

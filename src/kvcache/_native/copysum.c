@@ -195,16 +195,19 @@ static PyObject *sum_and_stream(PyObject *module, PyObject *const *args, Py_ssiz
 }
 
 PyDoc_STRVAR(sum_and_join_doc,
-"sum_and_join(summed, sources) -> (int, bytes)\n\n"
+"sum_and_join(summed, sources, stream=False) -> (int, bytes)\n\n"
 "As ``sum_and_copy``, into a new ``bytes`` holding ``sources`` back to back: a read\n"
-"of a plain value summed in the pass that copies it out.");
+"of a plain value summed in the pass that copies it out; with ``stream``, as\n"
+"``sum_and_stream`` (for a value larger than the CPU's caches).");
 
 static PyObject *sum_and_join(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "sum_and_join takes summed and sources");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "sum_and_join takes summed, sources and stream");
         return NULL;
     }
+    int stream = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (stream < 0) return NULL;
     Buffers summed = {0}, sources = {0};
     Py_ssize_t summed_bytes, source_bytes;
     PyObject *joined = NULL, *result = NULL;
@@ -214,8 +217,8 @@ static PyObject *sum_and_join(PyObject *module, PyObject *const *args, Py_ssize_
     if (joined == NULL) goto done;
     Py_buffer target = {.buf = PyBytes_AS_STRING(joined), .len = source_bytes};
     Buffers targets = {.views = &target, .count = 1};
-    XXH64_hash_t digest =
-        sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets, 0);
+    XXH64_hash_t digest = sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets,
+                                      stream && source_bytes >= STREAM_BYTES);
     result = Py_BuildValue("(KN)", (unsigned long long)digest, joined);
     joined = NULL; /* Py_BuildValue's "N" took it, or released it on failure */
 done:
