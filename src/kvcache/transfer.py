@@ -101,9 +101,9 @@ class Payload:
     def copy_into(self, target: memoryview) -> None:
         """Copy the bytes to the start of ``target``, which is at least as long."""
         if self.fd < 0:
-            if self.summed_first is not None and native.sum_and_copy is not None:
-                large = self.nbytes > ONE_PASS_MAX_BYTES
-                one_pass = native.sum_and_stream if large else native.sum_and_copy
+            large = self.nbytes > ONE_PASS_MAX_BYTES
+            one_pass = native.sum_and_stream if large else native.sum_and_copy
+            if self.summed_first is not None and one_pass is not None:
                 self.digest = one_pass(self.summed_first, self.views, (target,))
             else:
                 copy_into(target, self.views)
