@@ -90,6 +90,7 @@ def new_pool(
         engine = pool._engine
         engine.table.fast = engine._read_unlocked = engine._present = engine._put = None
         engine._reserve_compiled = engine._publish_compiled = engine.evictor._evict = None
+        engine._delete = None
     try:
         yield pool
     finally:
@@ -647,6 +648,34 @@ def test_a_compiled_eviction_writes_what_python_writes_or_nothing(data, inline) 
 
 @compiled
 @DAMAGE_SETTINGS
+@given(data=st.data(), inline=st.sampled_from([0, 128]))
+def test_a_compiled_delete_writes_what_python_writes_or_nothing(data, inline) -> None:
+    """``delete`` of each key of a damaged pool (and of one never put): where C removes the
+    entry, Python's find and remove on the same bytes succeed and leave the same segment;
+    where C answers absent or declines, it wrote nothing."""
+    with damaged_pool("lru", inline) as pool:
+        engine = pool._engine
+        raw, table, delete = engine.views.raw, engine.table, engine._delete
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            damage_put_words(pool, data, [b"small"])
+
+        def python_deletes(key_bytes: bytes) -> None:
+            eid = table.find(key_bytes)
+            assert eid >= 0
+            table.remove(eid)
+
+        for key in [*VALUES, "absent"]:
+            key_bytes, _ = encode_key(key)
+            with engine.lock:
+                c_writes_what_python_writes(
+                    raw,
+                    functools.partial(delete, raw, key_bytes),
+                    functools.partial(python_deletes, key_bytes),
+                )
+
+
+@compiled
+@DAMAGE_SETTINGS
 @given(data=st.data())
 def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data) -> None:
     """A put too large to copy under the lock, reserved and then published on damaged
@@ -711,11 +740,18 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c(inline: int) -> N
         engine._publish_compiled = recording("publish", engine._publish_compiled)
         engine.evictor._evict = recording("evict", engine.evictor._evict)
         engine.evictor._rank = recording("rank", engine.evictor._rank)
+        engine._delete = recording("delete", engine._delete)
         for key in ("a", "b", "a"):
             pool.put(key, b"s" * 3000)
             pool.put(key + "-large", b"L" * 70_000)
+        assert pool.delete("b") and not pool.delete("b") and pool.delete("b-large")
         taken = {name: [a is not None for a in got] for name, got in answers.items()}
-        assert taken == {"put": [True] * 3, "reserve": [True] * 3, "publish": [True] * 3}
+        assert taken == {
+            "put": [True] * 3,
+            "reserve": [True] * 3,
+            "publish": [True] * 3,
+            "delete": [True] * 3,  # removed, absent, removed
+        }
         answers["put"].clear()
         for i in range(300):  # a 256 KiB pool: these evict, ranking samples of 64
             pool.put(f"fill{i}", b"f" * 100)

@@ -30,7 +30,8 @@ call, where the pages and a slot are free and every word it follows is in
 range; it answers None, having written nothing, for anything else (room to
 make, memory to reserve, damage), and ``Pool.put`` then writes the Python way.
 A larger put's two lock holds ask ``reserve`` and ``publish`` the same way
-(``Store.write``), and an eviction that makes room asks ``evict``.
+(``Store.write``), an eviction that makes room asks ``evict``, and ``Store.delete`` asks
+``delete``.
 
 In a pool with inline slots (``inline_bytes``) the same calls read, write and free an
 entry's slot where its record holds no page, as ``Table.extents`` says.
@@ -193,9 +194,9 @@ value as the score; ``lfu``'s decay is numpy's)."""
 
 
 def compiled_writer(finder: Any, config: PoolConfig) -> Any:
-    """``finder``, whose ``put``, ``reserve``, ``publish``, ``evict`` and ``rank`` serve a pool
-    whose policy keeps no queues (a queue policy's put admits to its lists and ghosts, and
-    its eviction leaves a ghost: Python's); None otherwise."""
+    """``finder``, whose ``put``, ``reserve``, ``publish``, ``evict``, ``delete`` and ``rank``
+    serve a pool whose policy keeps no queues (a queue policy's put admits to its lists and
+    ghosts, and its eviction leaves a ghost: Python's); None otherwise."""
     if finder is None or get_policy(config.policy).uses_queues:
         return None
     return finder

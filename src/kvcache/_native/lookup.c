@@ -24,7 +24,8 @@
  * caller's locked path, as find_hit does.
  *
  * put (put.c, included below) is a whole small put in pools whose policy keeps no
- * queues, where it needs no eviction: reserve, copy and sum, publish.
+ * queues, where it needs no eviction: reserve, copy and sum, publish; delete removes a
+ * key's entry there.
  *
  * Every word read from the segment is checked before it is used as an offset or an
  * index: an entry id against the entry table, a page against the data region, a key
@@ -735,6 +736,7 @@ static PyMethodDef finder_methods[] = {
     {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL, present_doc},
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL, put_doc},
     {"evict", (PyCFunction)(void (*)(void))evict, METH_FASTCALL, evict_doc},
+    {"delete", (PyCFunction)(void (*)(void))delete_entry, METH_FASTCALL, delete_doc},
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL, publish_doc},
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL, rank_doc},

@@ -648,3 +648,36 @@ static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (done) Py_RETURN_TRUE;
     Py_RETURN_NONE;
 }
+
+PyDoc_STRVAR(delete_doc,
+"delete(mapping, key_bytes) -> bool | None\n\n"
+"Store.delete in a pool whose policy keeps no queues: find the entry that holds exactly\n"
+"``key_bytes`` and remove it (unindex it, free its pages or slot and its entry slot), as\n"
+"Table.remove does; True if it was there, False if the key is certainly absent. None,\n"
+"having changed nothing, for anything else (a hash collision, a word out of range): the\n"
+"caller then deletes the Python way, which decides. The caller holds the pool's lock.");
+
+static PyObject *delete_entry(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "delete takes mapping and key_bytes");
+        return NULL;
+    }
+    Py_buffer view;
+    int usable = write_view(f, args[0], &view);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *result = Py_None;
+    char *map = view.buf;
+    const char *key = PyBytes_AS_STRING(args[1]);
+    int64_t key_len = PyBytes_GET_SIZE(args[1]), lo, hi;
+    key_hash(key, (size_t)key_len, &lo, &hi);
+    int64_t eid = probe(f, map, lo, hi);
+    if (eid == ABSENT) {
+        result = Py_False;
+    } else if (eid >= 0 && holds_key(f, map, entry_at(f, map, eid), key, key_len) &&
+               old_ok(f, map, eid, lo)) {
+        remove_old(f, map, eid, lo);
+        result = Py_True;
+    }
+    PyBuffer_Release(&view);
+    return Py_NewRef(result);
+}

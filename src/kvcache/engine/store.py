@@ -134,6 +134,7 @@ class Store:
         self._put: Any = None if writer is None else writer.put
         self._reserve_compiled: Any = None if writer is None else writer.reserve
         self._publish_compiled: Any = None if writer is None else writer.publish
+        self._delete: Any = None if writer is None else writer.delete
         self.evictor = Evictor(table, self.procs, rng, writer)
         table.make_room = self.evictor.make_room
         self.metrics = MetricsRegion(views.metrics, self.lock)
@@ -503,8 +504,13 @@ class Store:
 
     @reports_damage
     def delete(self, key_bytes: bytes) -> bool:
-        """Remove the entry of ``key_bytes``; whether there was one."""
+        """Remove the entry of ``key_bytes``; whether there was one (in C where it can:
+        ``kvcache._lookup``'s ``delete``, which leaves anything it does not judge to this)."""
         with self.lock:
+            if self._delete is not None:
+                done: bool | None = self._delete(self.views.raw, key_bytes)
+                if done is not None:
+                    return done
             eid = self.table.find(key_bytes)
             if eid >= 0:
                 self.table.remove(eid)
