@@ -577,6 +577,15 @@ def _redis_store(client: Any) -> Iterator[tuple[Callable, Callable]]:
 
 
 def open_redis() -> contextlib.AbstractContextManager[tuple[Callable, Callable]]:
+    return _redis_store(redis_client())
+
+
+def redis_client() -> Any:
+    """A client of the redis-server on 127.0.0.1:6379, answering.
+
+    Raises:
+        RuntimeError: no redis package or no server, saying how to add them.
+    """
     try:
         import redis
     except ImportError:
@@ -592,7 +601,7 @@ def open_redis() -> contextlib.AbstractContextManager[tuple[Callable, Callable]]
         raise RuntimeError(
             f"no redis-server on 127.0.0.1:6379 ({exc}); start one to include it"
         ) from None
-    return _redis_store(client)
+    return client
 
 
 # -------------------------------------------------------------- 2. scaling
@@ -681,14 +690,8 @@ def redis_memory_for(num_entries: int) -> int | None:
     """How much Redis's ``used_memory`` grows holding ``num_entries`` keys of the scaling
     section with 64-byte values (removed again after); None without a server."""
     try:
-        import redis
-    except ImportError:
-        return None
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5)
-    try:
-        client.ping()
-    except redis.RedisError:  # no server: the table says how to add one
-        client.close()
+        client = redis_client()
+    except RuntimeError:  # no server: the table says how to add one
         return None
     prefix, value = f"{POOL_PREFIX}:", random_bytes(64)
     keys = [prefix + key for key in scaling_keys(num_entries)]

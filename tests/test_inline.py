@@ -147,7 +147,7 @@ def test_a_damaged_slot_byte_is_a_counted_miss(make_pool) -> None:
     pool.put("key", b"k" * 100)
     eid = pool._engine.table.index.find(*key_hash(b"key"))
     table = pool._engine.table
-    start = table.inline_start + eid * table.inline_bytes
+    start = table.extents(eid)[0][0]
     table.data[start + 50] ^= 0xFF  # a stray write into the slot's payload
     assert pool.get("key") is None  # small values are verified by default
     assert pool.stats().damaged == 1 and "key" not in pool

@@ -68,12 +68,15 @@ class PageAllocator:
         return self._header_q[H.reserved_pages]
 
     def allocate(self, num_pages: int) -> Run:
-        """Take ``num_pages`` (<= available) pages; return the chain's (first, last) page.
+        """Take ``num_pages`` (<= available) pages; return the chain's (first, last) page
+        (``NO_PAGE`` twice for none: an entry in its inline slot).
 
         Raises:
             OutOfSharedMemoryError: fresh pages could not be backed; nothing changed.
             CorruptPoolError: the free list or the watermarks are damaged; nothing changed.
         """
+        if not num_pages:
+            return NO_PAGE, NO_PAGE
         h, nxt = self._header_q, self._next_q
         from_free = min(num_pages, h[H.num_free_pages])
         from_fresh = num_pages - from_free

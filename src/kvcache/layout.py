@@ -406,6 +406,18 @@ class Geometry:
             regions.append((self.inline_offset, self.total_bytes - self.inline_offset))
         return regions
 
+    def pages_for(self, num_bytes: int) -> int:
+        """The pages an entry of ``num_bytes`` (key, codec header and payload, at least the
+        key's one byte) takes: none where it fits its inline slot."""
+        if num_bytes <= self.inline_bytes:
+            return 0
+        return -(-num_bytes // self.page_size_bytes)
+
+    def slot_start(self, eid: int) -> int:
+        """Where entry ``eid``'s inline slot begins, as an offset in the data region (the
+        slots follow the pages)."""
+        return self.inline_offset - self.data_offset + eid * self.inline_bytes
+
     @property
     def ghost_span(self) -> tuple[int, int]:
         """(offset, length) of the ghost region."""

@@ -239,13 +239,12 @@ def _structure_problem(
         if not parts.procs.is_live(slot, q[base + E.owner_serial]):
             return f"half-written by process {parts.procs.pid_of(slot)}, which died"
     lengths = (q[base + E.key_len], q[base + E.header_len], q[base + E.value_len])
-    num_pages, inline_bytes = q[base + E.num_pages], parts.views.geometry.inline_bytes
-    total = sum(lengths)
+    num_pages, geometry = q[base + E.num_pages], parts.views.geometry
     if (
         not 1 <= lengths[0] <= MAX_KEY_BYTES
         or not 0 <= lengths[1] <= MAX_VALUE_HEADER_BYTES
         or lengths[2] < 0
-        or num_pages != (0 if total <= inline_bytes else max(1, math.ceil(total / page_size)))
+        or num_pages != geometry.pages_for(sum(lengths))
     ):
         return f"lengths {lengths} do not match its {num_pages} pages"
     if num_pages:
@@ -260,9 +259,7 @@ def _structure_problem(
             return "its page chain visits a page twice"
         start = chain[0][0] * page_size  # a key always fits in its first page
     else:  # in its inline slot, which no other entry has
-        chain = []
-        start = parts.views.geometry.inline_offset - parts.views.geometry.data_offset
-        start += eid * inline_bytes
+        chain, start = [], geometry.slot_start(eid)
     if q[base + E.state] == READY:  # a WRITING entry's bytes may still be on their way
         key = bytes(parts.views.data[start : start + lengths[0]])
         if q[base + E.flags] & KEY_IS_STR:

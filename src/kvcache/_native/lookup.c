@@ -134,6 +134,15 @@ static void key_hash(const void *key, size_t length, int64_t *lo, int64_t *hi) {
     memcpy(hi, canonical.digest + 8, 8);
 }
 
+static char *entry_at(const Finder *f, const char *map, int64_t eid) {
+    return (char *)map + f->entries_offset + eid * f->field[F_ENTRY_WORDS] * 8;
+}
+
+/* The offset in the mapping of entry ``eid``'s inline slot. */
+static int64_t slot_of(const Finder *f, int64_t eid) {
+    return f->inline_offset + eid * f->inline_bytes;
+}
+
 /* The entry id filed under (lo, hi); ABSENT where the probe reached an empty slot having
  * read only entry ids in range (Python's probe reads the same words and finds nothing);
  * NOT_HERE for a word out of range or an index without an empty slot. */
@@ -149,40 +158,31 @@ static int64_t probe(const Finder *f, const char *map, int64_t lo, int64_t hi) {
         /* Where the entry's bytes lie if it is in its slot, known from its id alone: their
          * cache miss overlaps the record's rather than following it (a put into a pool of
          * a million slot entries took 9% less time; gets were unchanged). */
-        if (f->inline_bytes)
-            __builtin_prefetch(map + f->inline_offset + (value - 1) * f->inline_bytes);
+        if (f->inline_bytes) __builtin_prefetch(map + slot_of(f, value - 1));
         if (load(entry, w[F_HASH_LO]) == lo && load(entry, w[F_HASH_HI]) == hi) return value - 1;
         slot = (slot + 1) & mask;
     }
     return NOT_HERE; /* no empty slot: damaged, which Python reports */
 }
 
-/* Whether entry ``eid`` lies in its inline slot: it holds no page, in a pool with slots
- * (Table.extents). */
+/* Whether the entry at ``entry`` lies in its inline slot: it holds no page, in a pool with
+ * slots (Table.extents). */
 static int in_slot(const Finder *f, const char *entry) {
     return f->inline_bytes && load(entry, f->field[F_NUM_PAGES]) == 0;
 }
 
-/* The offset in the mapping of the inline slot of the entry at ``entry``. */
-static int64_t slot_at(const Finder *f, const char *map, const char *entry) {
-    int64_t eid = (entry - (map + f->entries_offset)) / (f->field[F_ENTRY_WORDS] * 8);
-    return f->inline_offset + eid * f->inline_bytes;
-}
-
-/* Where the entry's bytes begin in the mapping (its key first): its inline slot, or its
- * first page; -1 where that page is out of range. */
-static int64_t bytes_at(const Finder *f, const char *map, const char *entry) {
-    if (in_slot(f, entry)) return slot_at(f, map, entry);
-    int64_t first = load(entry, f->field[F_FIRST_PAGE]);
-    if (first < 0 || first >= f->num_pages) return -1;
-    return f->data_offset + first * f->page_size;
-}
-
-/* Whether the entry holds exactly ``key`` (where it begins and its length in range). */
-static int holds_key(const Finder *f, const char *map, const char *entry, const char *key,
+/* Whether entry ``eid`` holds exactly ``key``: its key length, and the bytes where they
+ * begin (its inline slot, or its first page, in range). */
+static int holds_key(const Finder *f, const char *map, int64_t eid, const char *key,
                      int64_t key_len) {
-    int64_t start = bytes_at(f, map, entry);
-    if (load(entry, f->field[F_KEY_LEN]) != key_len || start < 0) return 0;
+    const char *entry = entry_at(f, map, eid);
+    int64_t start = slot_of(f, eid);
+    if (!in_slot(f, entry)) {
+        int64_t first = load(entry, f->field[F_FIRST_PAGE]);
+        if (first < 0 || first >= f->num_pages) return 0;
+        start = f->data_offset + first * f->page_size;
+    }
+    if (load(entry, f->field[F_KEY_LEN]) != key_len) return 0;
     if (key_len > f->total_bytes - start) return 0;
     return memcmp(map + start, key, (size_t)key_len) == 0;
 }
@@ -206,9 +206,6 @@ static int64_t tick(const Finder *f, char *map, int hit) {
     return seen + 1;
 }
 
-static char *entry_at(const Finder *f, const char *map, int64_t eid) {
-    return (char *)map + f->entries_offset + eid * f->field[F_ENTRY_WORDS] * 8;
-}
 
 /* Whether the queue policy's hit can be done here: every word it reads in range (an
  * entry's list, its links, main's head, the probation count; s3fifo's read count). */
@@ -328,7 +325,7 @@ static PyObject *find_hit(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
             double expires_at = load_double(entry, w[F_EXPIRES_AT]);
             int expired = expires_at != INFINITY && expires_at <= now;
             if (load(entry, w[F_STATE]) == READY && !expired &&
-                holds_key(f, map, entry, key, key_len) && (!count || touch(f, map, eid, now)))
+                holds_key(f, map, eid, key, key_len) && (!count || touch(f, map, eid, now)))
                 found = eid;
         }
     }
@@ -372,8 +369,9 @@ static int gather(const Finder *f, const char *map, int64_t first, int64_t num_p
  * (the record fields flags, key_len, header_len, value_len as four little-endian words,
  * then key | value header | payload). 1: copied (and intact), 0: the sum differs from the
  * one its writer published (damaged), -1: the page chain is out of range. */
-static int copy_entry(const Finder *f, const char *map, const char *entry, int64_t start,
+static int copy_entry(const Finder *f, const char *map, int64_t eid, int64_t start,
                       int64_t length, int64_t num_pages, char *out, int verify) {
+    const char *entry = entry_at(f, map, eid);
     const int64_t *w = f->field, first = load(entry, w[F_FIRST_PAGE]);
     XXH3_state_t state, *summing = verify ? &state : NULL;
     if (verify) {
@@ -384,7 +382,7 @@ static int copy_entry(const Finder *f, const char *map, const char *entry, int64
         XXH3_64bits_update(&state, fields, sizeof fields);
     }
     if (num_pages == 0) { /* an inline slot, which readable found holds the bytes */
-        const char *bytes = map + slot_at(f, map, entry);
+        const char *bytes = map + slot_of(f, eid);
         if (verify) XXH3_64bits_update(&state, bytes, (size_t)(start + length));
         memcpy(out, bytes + start, (size_t)length);
     } else if (!gather(f, map, first, num_pages, start, length, out, summing)) {
@@ -410,7 +408,7 @@ static const char *readable(const Finder *f, const char *map, int64_t eid, int64
         *num_pages > f->num_pages)
         return NULL;
     *start = key_len + header_len; /* each checked first: no overflow */
-    if (*num_pages == 0 && (!in_slot(f, entry) || *start + *length > f->inline_bytes))
+    if (*num_pages == 0 && (!f->inline_bytes || *start + *length > f->inline_bytes))
         return NULL;
     return entry;
 }
@@ -441,7 +439,7 @@ static PyObject *copy_value(Finder *f, PyObject *const *args, Py_ssize_t nargs) 
     if (entry != NULL) {
         value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
         if (value == NULL) goto done;
-        int intact = copy_entry(f, view.buf, entry, start, length, num_pages,
+        int intact = copy_entry(f, view.buf, eid, start, length, num_pages,
                                 PyBytes_AS_STRING(value), verify);
         if (intact < 0) Py_CLEAR(value);
         else if (!intact) Py_SETREF(value, Py_NewRef(Py_False));
@@ -482,7 +480,7 @@ static PyObject *copy_into(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     const char *entry = view.len >= f->total_bytes
         ? readable(f, view.buf, eid, max_bytes, 1, &start, &length, &num_pages) : NULL;
     if (entry != NULL && length <= target.len) {
-        int intact = copy_entry(f, view.buf, entry, start, length, num_pages, target.buf, verify);
+        int intact = copy_entry(f, view.buf, eid, start, length, num_pages, target.buf, verify);
         if (intact > 0) result = PyLong_FromLongLong(length);
         else if (!intact) result = Py_NewRef(Py_False);
     }
@@ -504,7 +502,7 @@ static int64_t unlocked_hit(const Finder *f, const char *map, const char *key,
     *generation = load_acquire(entry, f->field[F_GENERATION]);
     double expires_at = load_double(entry, f->field[F_EXPIRES_AT]);
     if ((expires_at != INFINITY && expires_at <= now) || load(entry, f->field[F_STATE]) != READY ||
-        !holds_key(f, map, entry, key, key_len))
+        !holds_key(f, map, eid, key, key_len))
         return -1;
     return eid;
 }
@@ -574,8 +572,7 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
             if (value == NULL) goto done;
             out = PyBytes_AS_STRING(value);
         }
-        int intact = copy_entry(f, map, entry_at(f, map, eid), start, length, num_pages, out,
-                                length <= verify_max);
+        int intact = copy_entry(f, map, eid, start, length, num_pages, out, length <= verify_max);
         if (!unchanged(f, map, eid, generation)) {
             Py_XDECREF(value);
             continue; /* overtaken: copy it again */

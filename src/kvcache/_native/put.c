@@ -410,7 +410,7 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     if (p->num_pages) {
         scatter(f, map, first, pieces, 3, &state);
     } else { /* the entry's inline slot, which holds all of it (plan_reserve) */
-        char *slot = map + slot_at(f, map, entry_at(f, map, p->eid));
+        char *slot = map + slot_of(f, p->eid);
         for (int i = 0; i < 3; i++) {
             XXH3_64bits_update(&state, pieces[i].buf, (size_t)pieces[i].len);
             memcpy(slot, pieces[i].buf, (size_t)pieces[i].len);
@@ -673,7 +673,7 @@ static PyObject *delete_entry(Finder *f, PyObject *const *args, Py_ssize_t nargs
     int64_t eid = probe(f, map, lo, hi);
     if (eid == ABSENT) {
         result = Py_False;
-    } else if (eid >= 0 && holds_key(f, map, entry_at(f, map, eid), key, key_len) &&
+    } else if (eid >= 0 && holds_key(f, map, eid, key, key_len) &&
                old_ok(f, map, eid, lo)) {
         remove_old(f, map, eid, lo);
         result = Py_True;

@@ -154,7 +154,7 @@ class Store:
         self._drop_damaged = table.drop_damaged
         self._read_unlocked, self._present = fastpath.without_lock(table.fast, config)
         self._page_size = geometry.page_size_bytes
-        self._inline_bytes = geometry.inline_bytes
+        self._pages_for = geometry.pages_for
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
         self.verify_max_bytes = (
@@ -450,13 +450,6 @@ class Store:
             return None
         self.bytes_in += len(payload)
         return checksum
-
-    def _pages_for(self, num_bytes: int) -> int:
-        """The pages an entry of ``num_bytes`` (key, codec header and payload) takes: none
-        where it fits an inline slot."""
-        if num_bytes <= self._inline_bytes:
-            return 0
-        return -(-num_bytes // self._page_size)
 
     def _finish(
         self,

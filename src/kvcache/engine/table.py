@@ -28,7 +28,7 @@ from ..entries import EntryTable
 from ..errors import OutOfSharedMemoryError, PoolFullError, damaged
 from ..index import HashIndex
 from ..keys import Key, key_hash
-from ..layout import ENTRY_WORDS, KEY_IS_STR, NO_PAGE, READY, WRITING, E, H, Views
+from ..layout import ENTRY_WORDS, KEY_IS_STR, READY, WRITING, E, H, Views
 from ..policies import Policy, QueuePolicy, get_policy
 from ..queues import MAIN, PROBATION, Queues
 from ..regret import RegretSample
@@ -90,7 +90,7 @@ class Table:
         self.num_pages = views.geometry.num_pages
         self.data_offset = views.geometry.data_offset
         self.inline_bytes = views.geometry.inline_bytes
-        self.inline_start = views.geometry.inline_offset - self.data_offset  # in the data region
+        self._slot_start = views.geometry.slot_start
         self.segment = seg
         self.allocator = allocator
         self.entries = EntryTable(views)
@@ -154,13 +154,12 @@ class Table:
     def _key_in_range(self, eid: int) -> bool:
         """Whether entry ``eid``'s key length is in range and its key in its first page or
         its inline slot (a key always fits in either)."""
-        q, base = self.eq, eid * ENTRY_WORDS
-        key_len = q[base + E.key_len]
+        key_len = self.eq[eid * ENTRY_WORDS + E.key_len]
         if not 0 < key_len <= MAX_KEY_BYTES:
             return False
-        if not q[base + E.num_pages] and self.inline_bytes:
+        if self.in_slot(eid):
             return key_len <= self.inline_bytes
-        return 0 <= q[base + E.first_page] < self.num_pages
+        return 0 <= self.eq[eid * ENTRY_WORDS + E.first_page] < self.num_pages
 
     def key_view(self, eid: int) -> memoryview:
         start = self._start(eid)
@@ -263,19 +262,30 @@ class Table:
     def extents(self, eid: int) -> list[transfer.Extent]:
         """Where entry ``eid``'s bytes lie in the data region: its inline slot, or each run of
         adjacent pages of its chain (bounds-checked: ``PageAllocator.runs``)."""
+        if self.in_slot(eid):
+            return [(self._slot_start(eid), self.inline_bytes)]
         q, base, page = self.eq, eid * ENTRY_WORDS, self.page_size
-        num_pages = q[base + E.num_pages]
-        if not num_pages and self.inline_bytes:
-            return [(self.inline_start + eid * self.inline_bytes, self.inline_bytes)]
-        runs = self.allocator.runs(q[base + E.first_page], num_pages)
+        runs = self.allocator.runs(q[base + E.first_page], q[base + E.num_pages])
         return [(first * page, count * page) for first, count in runs]
+
+    def in_slot(self, eid: int) -> bool:
+        """Whether entry ``eid`` lies in its inline slot: it holds no page, in a pool with
+        slots (where slots are none, a record without pages is damage)."""
+        return bool(self.inline_bytes) and not self.eq[eid * ENTRY_WORDS + E.num_pages]
+
+    def slot_bytes(self, eids: np.ndarray) -> int:
+        """The bytes the inline slots of entries ``eids`` hold (``in_slot`` of many at once):
+        an explicit eviction's measure, beside pages, which alone would say that a pool of
+        small values holds nothing."""
+        if not self.inline_bytes:
+            return 0
+        return int(np.count_nonzero(self.views.entries["num_pages"][eids] == 0)) * self.inline_bytes
 
     def _start(self, eid: int) -> int:
         """Where entry ``eid``'s bytes (its key first) begin in the data region, unchecked."""
-        base = eid * ENTRY_WORDS
-        if not self.eq[base + E.num_pages] and self.inline_bytes:
-            return self.inline_start + eid * self.inline_bytes
-        return self.eq[base + E.first_page] * self.page_size
+        if self.in_slot(eid):
+            return self._slot_start(eid)
+        return self.eq[eid * ENTRY_WORDS + E.first_page] * self.page_size
 
     def file_spans(self, eid: int) -> list[transfer.Extent]:
         """(offset, length) in the pool's file of each extent of entry ``eid``'s bytes."""
@@ -344,7 +354,7 @@ class Table:
                 recalled = RECALL_AT_ADMIT
         self._room(num_pages, recalled)
         try:
-            first, last = self.allocator.allocate(num_pages) if num_pages else (NO_PAGE, NO_PAGE)
+            first, last = self.allocator.allocate(num_pages)
         except OutOfSharedMemoryError:
             # The machine will not back more pages (a full /dev/shm, or the memory
             # check): fit the put into the pages the pool has, by evicting. Not for a
@@ -513,10 +523,11 @@ class Table:
 
     def free_entry(self, eid: int) -> None:
         """Give back a WRITING (or just unindexed) entry's pages and slot."""
-        q, base = self.eq, eid * ENTRY_WORDS
-        num_pages = q[base + E.num_pages]
-        if num_pages or not self.inline_bytes:  # an inline entry holds no page
-            self.allocator.free(q[base + E.first_page], q[base + E.last_page], num_pages)
+        if not self.in_slot(eid):
+            q, base = self.eq, eid * ENTRY_WORDS
+            self.allocator.free(
+                q[base + E.first_page], q[base + E.last_page], q[base + E.num_pages]
+            )
         self.entries.release(eid)
 
 

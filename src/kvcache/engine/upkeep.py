@@ -26,7 +26,6 @@ from ..reports import EntryInfo, EvictionResult, PoolMetrics, PoolStats
 from ..units import parse_size, whole_number
 from .eviction import EVICT_BATCH
 from .store import READ_ATTEMPTS, Store
-from .table import Table
 
 ENTRY_ORDERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "lru": lambda r: r["last_access"],
@@ -61,7 +60,7 @@ def evict(
         freed_pages, num_expired = evictor.tidy(force=True)
         freed = freed_pages * page_size
         if percent is not None:
-            held = hq[H.used_pages] * page_size + held_bytes(table, table.entries.live_ids(), 0)
+            held = hq[H.used_pages] * page_size + table.slot_bytes(table.entries.live_ids())
             target_bytes = math.ceil(held * percent / 100)
         if freed >= target_bytes:
             return EvictionResult(0, num_expired, freed)
@@ -74,21 +73,13 @@ def evict(
                     break
                 base = eid * ENTRY_WORDS
                 if eq[base + E.generation] == generation and eq[base + E.state] == READY:
-                    doomed = table.chain(eid)
-                    freed += held_bytes(table, np.array(doomed), page_size)
+                    used, doomed = hq[H.used_pages], table.chain(eid)
+                    slots = sum(map(table.in_slot, doomed))
                     removed = evictor.evict_one(eid, doomed[:-1])
                     store.metrics.q[M.evictions_explicit] += removed
+                    freed += (used - hq[H.used_pages]) * page_size + slots * table.inline_bytes
                     num_entries += removed
     return EvictionResult(num_entries, num_expired, freed)
-
-
-def held_bytes(table: Table, eids: np.ndarray, page_size: int) -> int:
-    """The bytes entries ``eids`` hold: ``page_size`` for each of their pages (0: leave pages
-    out), and their inline slot for those in one (an explicit eviction's measure, as pages
-    alone would say a pool of small values held nothing)."""
-    pages = np.clip(table.views.entries["num_pages"][eids], 0, table.num_pages)
-    slots = np.count_nonzero(pages == 0) if table.inline_bytes else 0
-    return int(pages.sum()) * page_size + slots * table.inline_bytes
 
 
 def clear(store: Store) -> int:

@@ -382,7 +382,8 @@ def _choose_survivors(
 
 
 def _pages(records: np.ndarray, config: PoolConfig) -> np.ndarray:
-    """The pages each record's entry takes in a pool of ``config`` (none in an inline slot)."""
+    """The pages each record's entry takes in a pool of ``config`` (``Geometry.pages_for`` of
+    every record at once: none in an inline slot)."""
     total = records["key_len"] + records["header_len"] + records["value_len"]
     pages = np.maximum(1, -(-total // config.page_size_bytes))
     return np.where(total <= config.inline_bytes, 0, pages)
