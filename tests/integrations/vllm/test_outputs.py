@@ -97,12 +97,38 @@ def test_a_restarted_engine_loads_the_prefixes(scenario: dict[str, Any]) -> None
     assert [out["num_cached_tokens"] for out in scenario["load"][:2]] == [1024, 1024]
 
 
+def largest_difference(one: dict[str, Any], other: dict[str, Any]) -> float:
+    """The largest difference between two runs' top-5 logprobs, step by step."""
+    return max(
+        abs(a[1] - b[1])
+        for steps_a, steps_b in zip(one["logprobs"], other["logprobs"], strict=True)
+        for a, b in zip(steps_a, steps_b, strict=True)
+    )
+
+
+def own_rounding(scenario: dict[str, Any]) -> float:
+    """How far vLLM's own prefix-cache hit is from its cold computation of the same prompt
+    (P and Q). Zero where the CPU's kernels round a token the same whatever the batch
+    around it (the machines this test first ran on); on a 2-core AMD EPYC with AVX2 and no
+    AVX-512, a token's keys and values computed in a prefill of another length differ in
+    their last bits, and so do the outputs after them: 0.19 there, where a pool hit was
+    0.03 from vLLM's own and the wrong layout 1.8 (and other tokens)."""
+    cold, own = scenario["reference"][:2], scenario["reference"][2:]
+    return max(largest_difference(a, b) for a, b in zip(cold, own, strict=True))
+
+
 def test_a_pool_hit_equals_vllms_own_prefix_cache_hit(scenario: dict[str, Any]) -> None:
+    """To the last digit of the top-5 logprobs where vLLM's own hit is (its kernels round
+    independently of the batch); elsewhere, the same tokens and logprobs no further from
+    vLLM's own hit than that hit is from vLLM's cold computation. The pool's KV for the
+    loads was computed in other batches (R's prefill holds P's third block; Q was stored
+    by chunked prefill), so only such a machine can match them bit for bit."""
     own_hits = scenario["reference"][2:]
     assert [out["num_cached_tokens"] for out in own_hits] == [1024, 1024]
+    tolerance = own_rounding(scenario)
     for own, pooled in zip(own_hits, scenario["load"][:2], strict=True):
         assert pooled["tokens"] == own["tokens"]
-        assert pooled["logprobs"] == own["logprobs"]  # top 5 of each step, to the last digit
+        assert largest_difference(pooled, own) <= tolerance
 
 
 def test_a_load_skips_the_blocks_vllm_holds(scenario: dict[str, Any]) -> None:
@@ -120,7 +146,9 @@ def test_kv_in_the_wrong_layout_changes_the_output(scenario: dict[str, Any]) -> 
     """The negative control: the comparison above can fail."""
     own, wrong = scenario["reference"][2], scenario["wrong"][0]
     assert wrong["num_cached_tokens"] == 1024
-    assert wrong["logprobs"] != own["logprobs"]
+    assert wrong["tokens"] != own["tokens"] or largest_difference(wrong, own) > own_rounding(
+        scenario
+    )
 
 
 def test_the_prompts_last_token_is_always_computed(scenario: dict[str, Any]) -> None:
