@@ -23,9 +23,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+from kvcache.keys import key_hash
+
 SMALL_SHARE = 0.1
 SHARED_CHILDREN = 3  # PrefixModel: children put under a chunk from which it counts as shared
 MAX_CREDITS = 3  # PrefixModel: the passes of main a shared chunk may skip
+SKETCH_PER_ENTRY = 16  # PrefixModel: counters per entry slot in its request counts
+SKETCH_LIMIT = 15  # the largest count
+SKETCH_PERIOD = 40  # counts per entry slot between halvings
+KEY_BYTES = 8  # a block's key as the replay writes it: its id, 8 bytes little-endian
 
 
 class ExactLRU:
@@ -174,7 +180,13 @@ class PrefixModel:
     put while another child of it is here gives it and its ancestors a credit (at most 3;
     the walk up stops at a chunk holding 3),
     and main's least recently used, while it holds credits, goes back to main's most recent
-    end with one credit less instead of leaving. As the pool does, it takes its capacity in
+    end with one credit less instead of leaving. Every put stored and every hit is counted
+    in a count-min sketch of 4-bit counts (``SKETCH_PER_ENTRY`` one-byte counters per
+    entry slot, four of them per key, at the bits of the key's hash the pool uses; only
+    the smallest of the four go up; all halve every ``SKETCH_PERIOD`` counts per slot),
+    and while probation holds its target, its oldest goes to main instead of leaving
+    when it was asked for more often than main's least recently used (TinyLFU's
+    admission). As the pool does, it takes its capacity in
     the policy's arithmetic as the keys it holds (``live``), and walks a victim's chunks
     newest child first, so that the two make the same decisions step for step."""
 
@@ -194,6 +206,9 @@ class PrefixModel:
         self.used: dict[Hashable, int] = {}  # each key's last put or hit
         self.num_children: dict[Hashable, int] = {}  # children ever put under the key, <= 3
         self.credits: dict[Hashable, int] = {}  # passes of main the key may still skip
+        width = 1 << (SKETCH_PER_ENTRY * capacity - 1).bit_length()
+        self.counts = bytearray(width)  # the request counts: a count-min sketch
+        self.mask, self.counted = width - 1, 0
 
     def live(self) -> int:
         return len(self.small) + len(self.main)
@@ -207,7 +222,29 @@ class PrefixModel:
             return False
         self.clock += 1
         self.used[key] = self.clock
+        self._count(key)
         return True
+
+    def _spots(self, key: Hashable) -> list[int]:
+        assert isinstance(key, int)
+        lo, hi = key_hash(key.to_bytes(KEY_BYTES, "little"))
+        return [lo & self.mask, lo >> 32 & self.mask, hi & self.mask, hi >> 32 & self.mask]
+
+    def asked(self, key: Hashable) -> int:
+        """How often ``key`` was asked for lately (the smallest of its counters)."""
+        return min(self.counts[spot] for spot in self._spots(key))
+
+    def _count(self, key: Hashable) -> None:
+        spots = self._spots(key)
+        least = min(self.counts[spot] for spot in spots)
+        if least < SKETCH_LIMIT:
+            for spot in spots:
+                if self.counts[spot] == least:
+                    self.counts[spot] += 1
+        self.counted += 1
+        if self.counted >= SKETCH_PERIOD * self.capacity:
+            self.counts = bytearray(count >> 1 for count in self.counts)
+            self.counted = 0
 
     def put(self, key: Hashable, parent: Hashable | None) -> None:
         if self.get(key) or (parent is not None and parent not in self.parent):
@@ -225,6 +262,7 @@ class PrefixModel:
         (self.main if recalled else self.small)[key] = None
         self.clock += 1
         self.used[key] = self.clock
+        self._count(key)
         self.parent[key] = parent
         self.num_children[key] = self.credits[key] = 0
         if parent is not None:
@@ -247,6 +285,12 @@ class PrefixModel:
             self.p = max(0.01 * c, self.target() - step * max(b1 / (b2 + 1), 1))
 
     def _evict(self) -> None:
+        while self.main and len(self.small) >= max(1, self.target()):
+            oldest = next(iter(self.small))
+            if self.asked(oldest) <= self.asked(next(iter(self.main))):
+                break
+            del self.small[oldest]  # asked for more often: TinyLFU admits it to main
+            self.main[oldest] = None
         if (self.small and len(self.small) >= max(1, self.target())) or not self.main:
             victim, kind = next(iter(self.small)), "small"
         else:

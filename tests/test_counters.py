@@ -43,7 +43,7 @@ def every_op_timed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_region_follows_the_header_and_fits() -> None:
     assert METRICS_OFFSET == HEADER_BYTES
     assert METRICS_DTYPE.itemsize <= METRICS_BYTES
-    assert FORMAT_VERSION == 11
+    assert FORMAT_VERSION == 12
     geometry = Geometry.for_config(PoolConfig.build("1M", page_size="4K"))
     assert geometry.procs_offset == METRICS_OFFSET + METRICS_BYTES  # nothing else in it
 
@@ -242,7 +242,7 @@ def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
         f.write(older.to_bytes(8, "little"))
     with pytest.raises(
         IncompatiblePoolError,
-        match=f"format version {older}, this kvcache reads 10 and {FORMAT_VERSION}",
+        match=f"format version {older}, this kvcache reads 10, 11 and {FORMAT_VERSION}",
     ):
         kvcache.open(pool_name)
 

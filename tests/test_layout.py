@@ -62,8 +62,9 @@ def test_header_round_trip(config: PoolConfig) -> None:
     assert read_geometry == geometry
     header = np.ndarray((), HEADER_DTYPE, buffer=buffer)
     assert header["magic"].item() == MAGIC
-    # only a pool with inline slots needs the format that has them
-    assert int(header["format_version"]) == (FORMAT_VERSION if config.inline_bytes else 10)
+    # only a pool with inline slots (11) or request counts (12, prefix) needs that format
+    newest = 12 if config.policy == "prefix" else 11 if config.inline_bytes else 10
+    assert int(header["format_version"]) == newest
     assert float(header["created_at"]) == 1234.5
     assert int(header["free_page_head"]) == NO_PAGE
     assert float(header["next_expiry_at"]) == math.inf
@@ -120,6 +121,7 @@ def _regions(g: Geometry) -> list[tuple[str, int, int]]:
         ("page_next", g.page_next_offset, g.num_pages * 8),
         ("data", g.data_offset, g.num_pages * g.page_size_bytes),
         *([("inline", g.inline_offset, g.max_entries * g.inline_bytes)] if g.inline_bytes else []),
+        *([("sketch", g.sketch_offset, g.sketch_bytes)] if g.sketch_bytes else []),
     ]
 
 
@@ -133,6 +135,8 @@ def _check_regions(g: Geometry) -> None:
     _, last_offset, last_length = regions[-1]
     assert last_offset + last_length == g.total_bytes
     assert (g.inline_offset == 0) == (g.inline_bytes == 0)
+    assert (g.sketch_offset == 0) == (g.sketch_bytes == 0)
+    assert g.sketch_bytes & (g.sketch_bytes - 1) == 0
     assert g.metadata_bytes == g.data_offset
     # the index keeps a load factor of at most 1/2 and is a power of two
     assert g.index_slots >= 2 * g.max_entries

@@ -226,7 +226,8 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 name = f"asan-{uuid.uuid4().hex[:8]}"
 inline_bytes = int(os.environ["INLINE_BYTES"])  # values of up to 100 bytes or so in slots
-pool = kvcache.create(name, "128K", page_size="1K", policy="arc", inline_bytes=inline_bytes)
+# prefix: arc's lists, and the request counts a hit raises (kvcache.sketch)
+pool = kvcache.create(name, "128K", page_size="1K", policy="prefix", inline_bytes=inline_bytes)
 try:
     keys = [f"key{i}" * (i % 7 + 1) for i in range(40)]
     for i, key in enumerate(keys):
@@ -235,11 +236,12 @@ try:
     segment = np.frombuffer(pool._engine.segment.buffer, np.uint8, g.total_bytes).copy()
     segment[: g.entries_offset].view(np.int64)[H.flock_users] = 0  # read: no flock-only user
     rng = random.Random(7)
-    finders = [  # each kind of hit (the words of arc's lists serve s3fifo's too)
+    finders = [  # each kind of hit (the words of prefix's lists serve s3fifo's too)
         module.Finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
                       g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
                       g.total_bytes, 100, hit_kind, 3, g.live_offset, rng.choice([0, 3]),
-                      g.inline_offset, g.inline_bytes, fastpath.FIELDS)
+                      g.inline_offset, g.inline_bytes, g.sketch_offset, g.sketch_bytes,
+                      rng.choice([1, 40 * g.max_entries]), fastpath.FIELDS)
         for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
     ]
     words = segment[: g.data_offset].view(np.int64)

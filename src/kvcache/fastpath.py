@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import native
+from . import native, sketch
 from .config import PoolConfig
 from .layout import ENTRY_WORDS, E, Geometry, H
 from .policies import get_policy
@@ -121,6 +121,7 @@ FIELDS = (
     H.evictions,
     H.dirty,
     H.lock_word,
+    H.sketch_counted,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 
@@ -174,6 +175,9 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
         (1 << sample_shift(g.max_entries)) - 1,
         g.inline_offset,
         g.inline_bytes,
+        g.sketch_offset,
+        g.sketch_bytes,
+        sketch.PERIOD * g.max_entries,
         FIELDS,
     )
 

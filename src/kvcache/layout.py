@@ -34,6 +34,9 @@ A segment is one file in ``/dev/shm``; every process maps all of it::
               | inline slots (format 11)    |  max_entries x inline_bytes: the bytes
               |                             |  of an entry that needs no page
               +-----------------------------+
+              | request counts (format 12)  |  prefix pools: a count-min sketch of
+              |                             |  one-byte counters (kvcache.sketch)
+              +-----------------------------+
 
 Every field is 8 bytes, so the header and entry table are read and written
 through ``memoryview`` casts (about 3x faster per scalar than numpy, which
@@ -56,13 +59,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import sketch
 from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 11
-READABLE_VERSIONS = (10, 11)
-"""11: inline slots after the data pages (``inline_bytes``, ``inline_offset``), where an
+FORMAT_VERSION = 12
+READABLE_VERSIONS = (10, 11, 12)
+"""12: a ``prefix`` pool counts requests in a sketch after everything else
+(``sketch_bytes``, ``sketch_offset``, ``sketch_counted``; ``kvcache.sketch``), which its
+policy's admission to main reads. Only such a pool is written as 12: a kvcache reading 11
+would run ``prefix`` without counting, and its admissions would differ from those of the
+processes beside it.
+11: inline slots after the data pages (``inline_bytes``, ``inline_offset``), where an
 entry whose bytes fit takes no page. Only a pool with them is written as 11: a kvcache
 reading 10 would take an inline entry for a damaged one, so it must refuse such a pool,
 while a pool without them is laid out as 10 was and is still written as 10.
@@ -235,6 +244,11 @@ HEADER_DTYPE = np.dtype(
         # format 11: the inline slots (geometry; both 0 = none)
         ("inline_bytes", "<i8"),
         ("inline_offset", "<i8"),
+        # format 12: the request counts of prefix pools (geometry, then the counts added
+        # since they last halved; see kvcache.sketch)
+        ("sketch_bytes", "<i8"),
+        ("sketch_offset", "<i8"),
+        ("sketch_counted", "<i8"),
     ]
 )
 
@@ -354,6 +368,8 @@ class Geometry:
     data_offset: int
     inline_bytes: int
     inline_offset: int  # 0 = no inline slots
+    sketch_bytes: int
+    sketch_offset: int  # 0 = no request counts
     total_bytes: int
 
     @classmethod
@@ -370,6 +386,9 @@ class Geometry:
         pages_end = data + config.num_pages * config.page_size_bytes
         inline_bytes = config.inline_bytes
         inline = _align(pages_end) if inline_bytes else 0
+        slots_end = (inline or pages_end) + config.max_entries * inline_bytes
+        sketch_bytes = sketch.bytes_for(config.max_entries) if config.policy == "prefix" else 0
+        sketch_at = _align(slots_end) if sketch_bytes else 0
         return cls(
             page_size_bytes=config.page_size_bytes,
             num_pages=config.num_pages,
@@ -385,7 +404,9 @@ class Geometry:
             data_offset=data,
             inline_bytes=inline_bytes,
             inline_offset=inline,
-            total_bytes=(inline or pages_end) + config.max_entries * inline_bytes,
+            sketch_bytes=sketch_bytes,
+            sketch_offset=sketch_at,
+            total_bytes=(sketch_at + sketch_bytes) if sketch_bytes else slots_end,
         )
 
     @property
@@ -397,13 +418,15 @@ class Geometry:
         """(offset, length) of what follows the key index that a new pool backs with memory
         (the rest of its metadata comes first, in one reservation): the ghost ring only where
         the policy keeps queues (no other touches it, so it stays a hole in the file, which
-        costs nothing: 96 bytes per entry at a million entries), the page links, and the
-        inline slots."""
+        costs nothing: 96 bytes per entry at a million entries), the page links, the
+        inline slots and the request counts."""
         regions = [(self.page_next_offset, self.data_offset - self.page_next_offset)]
         if uses_queues:
             regions.insert(0, self.ghost_span)
         if self.inline_bytes:
-            regions.append((self.inline_offset, self.total_bytes - self.inline_offset))
+            regions.append((self.inline_offset, self.data_end - self.inline_offset))
+        if self.sketch_bytes:
+            regions.append((self.sketch_offset, self.sketch_bytes))
         return regions
 
     def pages_for(self, num_bytes: int) -> int:
@@ -419,6 +442,13 @@ class Geometry:
         return self.inline_offset - self.data_offset + eid * self.inline_bytes
 
     @property
+    def data_end(self) -> int:
+        """Where the data region (the pages, then the inline slots) ends."""
+        if self.inline_bytes:
+            return self.inline_offset + self.max_entries * self.inline_bytes
+        return self.data_offset + self.num_pages * self.page_size_bytes
+
+    @property
     def ghost_span(self) -> tuple[int, int]:
         """(offset, length) of the ghost region."""
         return self.ghost_offset, self.page_next_offset - self.ghost_offset
@@ -426,7 +456,9 @@ class Geometry:
     @property
     def format_version(self) -> int:
         """The format a segment of this geometry is written as (see ``FORMAT_VERSION``)."""
-        return FORMAT_VERSION if self.inline_bytes else 10
+        if self.sketch_bytes:
+            return FORMAT_VERSION
+        return 11 if self.inline_bytes else 10
 
 
 class Views:
@@ -467,7 +499,8 @@ class Views:
         self.page_next = np.ndarray(
             (g.num_pages,), np.int64, buffer=buffer, offset=g.page_next_offset
         )
-        self.data = raw[g.data_offset : g.total_bytes]
+        self.data = raw[g.data_offset : g.data_end]
+        self.sketch = raw[g.sketch_offset : g.sketch_offset + g.sketch_bytes]
 
     def release(self) -> None:
         """Drop every view so the mapping can be closed."""
@@ -526,7 +559,7 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
     if version not in READABLE_VERSIONS:
         raise IncompatiblePoolError(
             f"{where} has pool format version {version}, this kvcache reads "
-            f"{' and '.join(map(str, READABLE_VERSIONS))}: "
+            f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}: "
             "open it with the kvcache that made it, or persist it there and restore here"
         )
     try:

@@ -40,6 +40,7 @@ import numpy as np
 
 from .errors import corrupt
 from .layout import CLOCK_LIMIT, ENTRY_WORDS, READY, E, H, Views
+from .sketch import RequestCounts
 from .tree import ChunkTree
 
 PROBATION, MAIN = 1, 0
@@ -280,6 +281,12 @@ class Queues:
         self._h, self._hd, self._q = views.header_q, views.header_d, views.entries_q
         self._tree = tree  # a prefix-tracking pool's: an eviction takes the chunks below
         self._walked: tuple[int, list[int]] | None = None
+        g = views.geometry
+        self.counts = (  # how often each key was asked for lately: prefix pools (format 12)
+            RequestCounts(views.sketch, self._h, H.sketch_counted, g.max_entries)
+            if g.sketch_bytes
+            else None
+        )
 
     def descendants(self, eid: int) -> list[int]:
         """The entries an eviction of ``eid`` takes with it (chunks below it), leaves first;
@@ -345,6 +352,19 @@ class Queues:
 
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
+
+    def count_request(self, eid: int) -> None:
+        """Count a request for entry ``eid``'s key, where the pool counts them."""
+        if self.counts is not None:
+            base = eid * ENTRY_WORDS
+            self.counts.count(self._q[base + E.hash_lo], self._q[base + E.hash_hi])
+
+    def asked(self, eid: int) -> int:
+        """How often entry ``eid``'s key was asked for lately (0 where nothing counts)."""
+        if self.counts is None:
+            return 0
+        base = eid * ENTRY_WORDS
+        return self.counts.asked(self._q[base + E.hash_lo], self._q[base + E.hash_hi])
 
     def last_use(self, eid: int) -> int:
         """The logical clock of entry ``eid``'s last put or hit."""

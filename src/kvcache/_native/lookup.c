@@ -75,6 +75,7 @@ enum {
     F_FREE_ENTRY_HEAD, F_NEXT_FRESH_ENTRY, F_NUM_LIVE, F_PUTS, F_NEXT_EXPIRY_AT,
     F_REGRET_SECONDS, F_REGRET_SECONDS_SUM, F_REGRET_ACCESSES, F_REGRET_ACCESSES_SUM,
     F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, F_DIRTY, F_LOCK_WORD,
+    F_SKETCH_COUNTED,
     NUM_FIELDS
 };
 
@@ -99,6 +100,7 @@ typedef struct {
     int64_t data_offset, num_pages, page_size, total_bytes, half_life, hit_kind, max_reads;
     int64_t live_offset, regret_mask;
     int64_t inline_offset, inline_bytes; /* the inline slots; 0 and 0 where none */
+    int64_t sketch_offset, sketch_bytes, sketch_period; /* request counts; 0, 0 where none */
     int64_t field[NUM_FIELDS];
 } Finder;
 
@@ -257,6 +259,29 @@ static void queue_hit(const Finder *f, char *map, int64_t eid) {
     store(map, w[F_MAIN_HEAD], eid + 1);
 }
 
+/* kvcache.sketch.RequestCounts.count, store for store: one request for the key of this
+ * hash (the smallest of its four counters raised, up to 15); every sketch_period counts,
+ * all counters halve. The counted word is read as it is: any value outside [0, period - 1)
+ * halves, as in Python, so a damaged one costs an early halving and nothing else. */
+static void count_request(const Finder *f, char *map, int64_t hash_lo, int64_t hash_hi) {
+    unsigned char *counts = (unsigned char *)map + f->sketch_offset;
+    uint64_t mask = (uint64_t)f->sketch_bytes - 1, lo = (uint64_t)hash_lo, hi = (uint64_t)hash_hi;
+    uint64_t spots[4] = {lo & mask, (lo >> 32) & mask, hi & mask, (hi >> 32) & mask};
+    unsigned char least = counts[spots[0]];
+    for (int i = 1; i < 4; i++)
+        if (counts[spots[i]] < least) least = counts[spots[i]];
+    if (least < 15)
+        for (int i = 0; i < 4; i++)
+            if (counts[spots[i]] == least) counts[spots[i]] = (unsigned char)(least + 1);
+    int64_t counted = load(map, f->field[F_SKETCH_COUNTED]);
+    if (counted >= 0 && counted < f->sketch_period - 1) {
+        store(map, f->field[F_SKETCH_COUNTED], counted + 1);
+        return;
+    }
+    for (int64_t i = 0; i < f->sketch_bytes; i++) counts[i] >>= 1;
+    store(map, f->field[F_SKETCH_COUNTED], 0);
+}
+
 /* Table.lookup's hit: count it, tick the logical clock, age and bump the frequency,
  * do the queue policy's hit (queue_hit), record the access. 0 (nothing written) where
  * a word is outside what Python would compute the same way: Python then does it, or
@@ -287,6 +312,7 @@ static int touch(const Finder *f, char *map, int64_t eid, double now) {
     store_double(entry, w[F_FREQ], load_double(entry, w[F_FREQ]) * decay + 1.0);
     store(entry, w[F_LAST_ACCESS], clock);
     queue_hit(f, map, eid);
+    if (f->sketch_bytes) count_request(f, map, load(entry, w[F_HASH_LO]), load(entry, w[F_HASH_HI]));
     store_double(entry, w[F_ACCESSED_AT], now);
     return 1;
 }
@@ -669,11 +695,12 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "Finder takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
+    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
                           &f->index_offset, &f->index_slots, &f->page_next_offset,
                           &f->data_offset, &f->num_pages, &f->page_size, &f->total_bytes,
                           &f->half_life, &f->hit_kind, &f->max_reads, &f->live_offset,
                           &f->regret_mask, &f->inline_offset, &f->inline_bytes,
+                          &f->sketch_offset, &f->sketch_bytes, &f->sketch_period,
                           &PyTuple_Type, &fields))
         return -1;
     if (PyTuple_GET_SIZE(fields) != NUM_FIELDS) {
@@ -717,6 +744,10 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
          f->inline_offset < limit && (f->inline_bytes == 0) == (f->inline_offset == 0) &&
          !__builtin_mul_overflow(f->max_entries, f->inline_bytes, &slot_bytes) &&
          slot_bytes <= f->total_bytes - f->inline_offset;
+    ok = ok && f->sketch_bytes >= 0 && f->sketch_bytes <= (INT64_C(1) << 28) &&
+         (f->sketch_bytes & (f->sketch_bytes - 1)) == 0 &&
+         (f->sketch_bytes == 0) == (f->sketch_offset == 0) && f->sketch_offset >= 0 &&
+         f->sketch_offset <= f->total_bytes - f->sketch_bytes && f->sketch_period >= 1;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "Finder: inconsistent geometry");
         return -1;
@@ -748,7 +779,8 @@ static PyTypeObject FinderType = {
     .tp_doc = PyDoc_STR("Finder(entries_offset, max_entries, index_offset, index_slots, "
                         "page_next_offset, data_offset, num_pages, page_size, total_bytes, "
                         "lfu_half_life, hit_kind, max_reads, live_offset, regret_mask, "
-                        "inline_offset, inline_bytes, fields): one segment's geometry and "
+                        "inline_offset, inline_bytes, sketch_offset, sketch_bytes, "
+                        "sketch_period, fields): one segment's geometry and "
                         "its policy's hit, for the "
                         "gets' calls and put."),
     .tp_new = PyType_GenericNew,

@@ -1,7 +1,7 @@
 """Prefix: for PrefixCache pools; a chunk goes with its prefix, new chunks wait on probation
 whose share adapts, once per returning prompt, to what its evictions cost.
 
-Six facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
+Seven facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
 
 - A chunk is reachable only through its parent, so a chunk whose ancestor is
   gone only takes room: the pool keeps the chunk tree (``kvcache.tree``),
@@ -42,6 +42,14 @@ Six facts about prompt traffic drive it (docs/eviction.md, "Why prefix works"):
   chunk, while it holds credits, goes back to main's most recent end with one
   credit less instead of leaving: S3-FIFO's reinsertion, earned by sharing
   instead of by reads, which a conversation's own turns also make.
+- What is asked for again and again is worth keeping over what was asked for
+  once, even when it was last asked for long ago: the popular documents of a
+  small pool come back after the pool has forgotten them, ghosts included. So
+  the pool counts every put and hit in a sketch of recent requests
+  (``kvcache.sketch``, many pools' worth), and while probation holds its
+  target its oldest goes to main instead of leaving when its key was asked for
+  more often than main's least recently used chunk (TinyLFU's admission:
+  ``admit_asked``).
 
 Ghosts are at most the live entries (probation's first to go while they
 exceed what the target leaves them), so the ring that keeps them stays
@@ -50,10 +58,12 @@ and each step of a credit's walk up gives one (the walk stops at the first
 chunk holding ``MAX_CREDITS``), so the two cost what the credits do: a walk is
 at most as long as the prompt that reached the shared chunk, whose lookup
 passed the same chunks, and usually one step, its ancestors credited already.
-Every other step is O(1). Constants: S3-FIFO's 10% to start, ``STEP_ENTRIES``,
-``SHARED_CHILDREN`` and ``MAX_CREDITS``, chosen on one generated chat trace and
-one conversation trace and judged on others and on a real one
-(docs/eviction.md).
+An admission to main is O(1) too (four counters per key, and the halving of
+all counters once per ``sketch.PERIOD`` counts per entry slot), and each one takes
+an entry off probation. Every other step is O(1). Constants: S3-FIFO's 10% to
+start, ``STEP_ENTRIES``, ``SHARED_CHILDREN``, ``MAX_CREDITS`` and the sketch's,
+chosen on one generated chat trace and one conversation trace and judged on
+others and on a real one (docs/eviction.md).
 """
 
 from __future__ import annotations
@@ -115,19 +125,24 @@ class Prefix:
         queues.set_reads(eid, 0)
         queues.lists.push(eid, MAIN if recalled >= 0 else PROBATION)
         queues.last_admitted = (eid, recalled)
+        queues.count_request(eid)
         parent = queues.parent(eid)
         if parent >= 0:
             share(queues, parent)
 
     def hit(self, queues: Queues, eid: int) -> None:
-        """A read: to main's most recent end, from probation or within main."""
+        """A read: to main's most recent end, from probation or within main; counted."""
         queues.lists.move(eid, MAIN)
+        queues.count_request(eid)
 
     def victim(self, queues: Queues, recalled: int) -> int:
         """The entry to evict now (the pool is full): probation's oldest while probation holds
         its target (or main is empty), or while it is older than main's least recently used
         (an unread chunk never outlives the chunks read before it), else main's least
-        recently used. It and the chunks below it become ghosts of its list."""
+        recently used. It and the chunks below it become ghosts of its list. First, while
+        probation holds its target, its oldest goes to main instead when it was asked for
+        more often lately than main's least recently used (``admit_asked``)."""
+        admit_asked(queues)
         on_probation = queues.num_probation
         kind = MAIN
         if (on_probation and on_probation >= max(1.0, target(queues))) or not queues.num_main:
@@ -140,6 +155,20 @@ class Prefix:
         if victim < 0:
             raise corrupt("queue lists: a list the counts say holds entries is empty")
         return remember(queues, victim, kind)
+
+
+def admit_asked(queues: Queues) -> None:
+    """TinyLFU's admission: while probation holds its target, move its oldest to main's most
+    recent end if its key was asked for more often lately than main's least recently used
+    (``kvcache.sketch``), as a read would have. A chunk that documents or system prompts of
+    other prompts reach again and again stays, where the chunks that one conversation asked
+    for once go first. Each move takes an entry off probation, so the loop ends."""
+    lists = queues.lists
+    while queues.num_main and queues.num_probation >= max(1.0, target(queues)):
+        oldest = lists.tail(PROBATION)
+        if oldest < 0 or queues.asked(oldest) <= queues.asked(lists.tail(MAIN)):
+            return
+        lists.move(oldest, MAIN)
 
 
 def share(queues: Queues, parent: int) -> None:
