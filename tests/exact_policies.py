@@ -185,8 +185,9 @@ class PrefixModel:
     entry slot, four of them per key, at the bits of the key's hash the pool uses; only
     the smallest of the four go up; all halve every ``SKETCH_PERIOD`` counts per slot),
     and while probation holds its target, its oldest goes to main instead of leaving
-    when it was asked for more often than main's least recently used (TinyLFU's
-    admission). As the pool does, it takes its capacity in
+    when it was asked for more often than main's least recently used, or as often (twice
+    or more) from fewer chunks deep (TinyLFU's admission, ties to the shallower). As the
+    pool does, it takes its capacity in
     the policy's arithmetic as the keys it holds (``live``), and walks a victim's chunks
     newest child first, so that the two make the same decisions step for step."""
 
@@ -209,6 +210,7 @@ class PrefixModel:
         width = 1 << (SKETCH_PER_ENTRY * capacity - 1).bit_length()
         self.counts = bytearray(width)  # the request counts: a count-min sketch
         self.mask, self.counted = width - 1, 0
+        self.depth: dict[Hashable, int] = {}  # the chunks above each key
 
     def live(self) -> int:
         return len(self.small) + len(self.main)
@@ -264,6 +266,7 @@ class PrefixModel:
         self.used[key] = self.clock
         self._count(key)
         self.parent[key] = parent
+        self.depth[key] = 0 if parent is None else self.depth[parent] + 1
         self.num_children[key] = self.credits[key] = 0
         if parent is not None:
             self.children.setdefault(parent, []).insert(0, key)
@@ -286,10 +289,12 @@ class PrefixModel:
 
     def _evict(self) -> None:
         while self.main and len(self.small) >= max(1, self.target()):
-            oldest = next(iter(self.small))
-            if self.asked(oldest) <= self.asked(next(iter(self.main))):
+            oldest, least = next(iter(self.small)), next(iter(self.main))
+            asked, others = self.asked(oldest), self.asked(least)
+            shallower = asked == others >= 2 and self.depth[oldest] < self.depth[least]
+            if asked < others or (asked == others and not shallower):
                 break
-            del self.small[oldest]  # asked for more often: TinyLFU admits it to main
+            del self.small[oldest]  # asked for more: TinyLFU admits it to main
             self.main[oldest] = None
         if (self.small and len(self.small) >= max(1, self.target())) or not self.main:
             victim, kind = next(iter(self.small)), "small"
@@ -318,6 +323,7 @@ class PrefixModel:
             self.used.pop(key, None)
             self.num_children.pop(key, None)
             self.credits.pop(key, None)
+            self.depth.pop(key, None)
 
     def _below(self, key: Hashable) -> list[Hashable]:
         """The chunks below ``key``, leaves first, in the pool's order (``ChunkTree``)."""

@@ -366,6 +366,10 @@ class Queues:
         base = eid * ENTRY_WORDS
         return self.counts.asked(self._q[base + E.hash_lo], self._q[base + E.hash_hi])
 
+    def depth(self, eid: int) -> int:
+        """The chunks before entry ``eid`` in its prompt (``ChunkTree``; 0 without a tree)."""
+        return self._q[eid * ENTRY_WORDS + E.depth]
+
     def last_use(self, eid: int) -> int:
         """The logical clock of entry ``eid``'s last put or hit."""
         return self._q[eid * ENTRY_WORDS + E.last_access]

@@ -159,16 +159,24 @@ class Prefix:
 
 def admit_asked(queues: Queues) -> None:
     """TinyLFU's admission: while probation holds its target, move its oldest to main's most
-    recent end if its key was asked for more often lately than main's least recently used
-    (``kvcache.sketch``), as a read would have. A chunk that documents or system prompts of
-    other prompts reach again and again stays, where the chunks that one conversation asked
-    for once go first. Each move takes an entry off probation, so the loop ends."""
+    recent end if it was asked for more than main's least recently used (``asked_more``), as
+    a read would have. A chunk that documents or system prompts of other prompts reach again
+    and again stays, where the chunks that one conversation asked for once go first. Each
+    move takes an entry off probation, so the loop ends."""
     lists = queues.lists
     while queues.num_main and queues.num_probation >= max(1.0, target(queues)):
         oldest = lists.tail(PROBATION)
-        if oldest < 0 or queues.asked(oldest) <= queues.asked(lists.tail(MAIN)):
+        if oldest < 0 or not asked_more(queues, oldest, lists.tail(MAIN)):
             return
         lists.move(oldest, MAIN)
+
+
+def asked_more(queues: Queues, chunk: int, other: int) -> bool:
+    """Whether ``chunk``'s key was asked for more often lately than ``other``'s
+    (``kvcache.sketch``), or as often, at least twice, from nearer the root: a chunk fewer
+    chunks deep is a prefix of at least as many prompts as one deeper."""
+    asked, others = queues.asked(chunk), queues.asked(other)
+    return asked > others or (asked == others >= 2 and queues.depth(chunk) < queues.depth(other))
 
 
 def share(queues: Queues, parent: int) -> None:
