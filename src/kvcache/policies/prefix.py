@@ -48,8 +48,8 @@ Seven facts about prompt traffic drive it (docs/eviction.md, "Why prefix works")
   the pool counts every put and hit in a sketch of recent requests
   (``kvcache.sketch``, many pools' worth), and while probation holds its
   target its oldest goes to main instead of leaving when its key was asked for
-  more often than main's least recently used chunk (TinyLFU's admission:
-  ``admit_asked``).
+  more often than main's least recently used chunk, or as often (twice or
+  more) from nearer the root (TinyLFU's admission: ``admit_asked``).
 
 Ghosts are at most the live entries (probation's first to go while they
 exceed what the target leaves them), so the ring that keeps them stays
