@@ -1,16 +1,16 @@
 """How often each key was asked for lately: a count-min sketch in the segment (format 12).
 
-``prefix`` admits probation's oldest chunk to main, instead of evicting it, when
-it was asked for more often than main's least recently used chunk (TinyLFU's
-admission, Einziger et al., ACM TOS 2017; ties go to the chunk nearer the root).
-That needs counts of keys that are no longer held, many times more keys than the
-pool holds, in little memory: a count-min sketch of one-byte counters, ``PER_ENTRY`` per entry slot (16 bytes
-per entry against its 256-byte record). A key's four counters sit at four
-32-bit fields of its 128-bit hash (the hash the key index stores); a request
-raises only those of the four that hold the smallest count (the conservative
-update, which keeps collisions from inflating counts), up to ``LIMIT``, and
-every ``PERIOD`` counts per entry slot all counters halve, so the counts
-follow what is asked for now.
+``prefix`` admits probation's oldest chunk to main, instead of evicting it, when it
+was asked for more often than main's least recently used chunk (TinyLFU's admission,
+Einziger et al., ACM TOS 2017; ties go to the chunk nearer the root). That needs
+counts of keys that are no longer held, many times more keys than the pool holds, in
+little memory: a count-min sketch of one-byte counters, ``PER_ENTRY`` per entry slot
+(16 bytes per entry against its 256-byte record). A key's four counters sit at four
+32-bit fields of its 128-bit hash (the hash the key index stores); a request raises
+only those of the four that hold the smallest count (the conservative update, which
+keeps collisions from inflating counts), up to ``LIMIT``, and every ``PERIOD``
+counts per entry slot all counters halve, so the counts follow what is asked for
+now.
 
 Every count is taken under the pool's lock (a hit of a queue policy and a put
 take it), in Python here and in C (``lookup.c``, ``count_request``) the same
