@@ -312,7 +312,8 @@ static int touch(const Finder *f, char *map, int64_t eid, double now) {
     store_double(entry, w[F_FREQ], load_double(entry, w[F_FREQ]) * decay + 1.0);
     store(entry, w[F_LAST_ACCESS], clock);
     queue_hit(f, map, eid);
-    if (f->sketch_bytes) count_request(f, map, load(entry, w[F_HASH_LO]), load(entry, w[F_HASH_HI]));
+    if (f->sketch_bytes) /* a prefix pool's request counts (kvcache.sketch) */
+        count_request(f, map, load(entry, w[F_HASH_LO]), load(entry, w[F_HASH_HI]));
     store_double(entry, w[F_ACCESSED_AT], now);
     return 1;
 }

@@ -141,7 +141,7 @@ class Prefix:
         (an unread chunk never outlives the chunks read before it), else main's least
         recently used. It and the chunks below it become ghosts of its list. First, while
         probation holds its target, its oldest goes to main instead when it was asked for
-        more often lately than main's least recently used (``admit_asked``)."""
+        more than main's least recently used (``admit_asked``)."""
         admit_asked(queues)
         on_probation = queues.num_probation
         kind = MAIN
