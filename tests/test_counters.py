@@ -31,6 +31,7 @@ from kvcache.counters import (
 )
 from kvcache.layout import FORMAT_VERSION, HEADER_BYTES, METRICS_BYTES, METRICS_OFFSET, Geometry
 from kvcache.reports import Histogram, Rates
+from pool_files import set_format_version
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
 
@@ -237,9 +238,7 @@ def test_repair_zeroes_negative_counters(make_pool: Callable[..., kvcache.Pool])
 def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
     with kvcache.create(pool_name, "1M", page_size="4K") as pool:
         path = pool.path
-    with open(path, "r+b") as f:
-        f.seek(kvcache.layout.H.format_version * 8)
-        f.write(older.to_bytes(8, "little"))
+    set_format_version(path, older)
     with pytest.raises(
         IncompatiblePoolError,
         match=f"format version {older}, this kvcache reads 10, 11 and {FORMAT_VERSION}",

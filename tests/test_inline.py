@@ -22,6 +22,7 @@ import kvcache
 from kvcache import IncompatiblePoolError, InvalidArgument
 from kvcache.keys import key_hash
 from kvcache.layout import ENTRY_WORDS, E, H
+from pool_files import set_format_version
 
 CORTEX = [sys.executable, "-m", "kvcache"]
 
@@ -120,9 +121,7 @@ def test_only_a_pool_with_slots_is_written_as_format_11(pool_name, names) -> Non
     with kvcache.create(pool_name, "64K", page_size="1K", inline_bytes=64) as pool:
         path = pool.path
         assert pool._engine.views.header_q[H.format_version] == 11
-    with open(path, "r+b") as f:  # a kvcache that reads 10 must not take it for its own
-        f.seek(H.format_version * 8)
-        f.write((10).to_bytes(8, "little"))
+    set_format_version(path, 10)  # a kvcache that reads 10 must not take it for its own
     with pytest.raises(IncompatiblePoolError, match="damaged header"):
         kvcache.open(pool_name)
 

@@ -12,6 +12,7 @@ from kvcache.errors import IncompatiblePoolError
 from kvcache.keys import key_hash
 from kvcache.layout import H
 from kvcache.sketch import LIMIT, PERIOD, RequestCounts
+from pool_files import set_format_version
 
 COUNTED_WORD = 0
 
@@ -80,9 +81,7 @@ def test_only_a_prefix_pool_counts_requests_and_is_written_as_format_12(names) -
         lo, hi = key_hash(b"root")
         assert pool._engine.table.queues.counts.asked(lo, hi) == 2  # the put and the hit
         assert views.header_q[H.sketch_counted] == 2
-    with open(path, "r+b") as f:  # a kvcache that reads 11 must not take it for its own
-        f.seek(H.format_version * 8)
-        f.write((11).to_bytes(8, "little"))
+    set_format_version(path, 11)  # a kvcache that reads 11 must not take it for its own
     with pytest.raises(IncompatiblePoolError, match="damaged header"):
         kvcache.open(prefix)
 

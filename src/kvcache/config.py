@@ -118,6 +118,13 @@ class PoolConfig:
             raise InvalidArgument(f"max processes must be 1..1048576, got {self.max_processes}")
 
     @property
+    def counts_requests(self) -> bool:
+        """Whether the pool's policy counts requests, which lays out a sketch for them."""
+        from .policies import get_policy  # as in __post_init__
+
+        return get_policy(self.policy).counts_requests
+
+    @property
     def num_pages(self) -> int:
         """Data pages in the pool."""
         return self.size_bytes // self.page_size_bytes

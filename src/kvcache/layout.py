@@ -387,7 +387,7 @@ class Geometry:
         inline_bytes = config.inline_bytes
         inline = _align(pages_end) if inline_bytes else 0
         slots_end = (inline or pages_end) + config.max_entries * inline_bytes
-        sketch_bytes = sketch.bytes_for(config.max_entries) if config.policy == "prefix" else 0
+        sketch_bytes = sketch.bytes_for(config.max_entries) if config.counts_requests else 0
         sketch_at = _align(slots_end) if sketch_bytes else 0
         return cls(
             page_size_bytes=config.page_size_bytes,

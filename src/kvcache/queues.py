@@ -353,18 +353,19 @@ class Queues:
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
 
+    def _full_hash(self, eid: int) -> tuple[int, int]:
+        """Both halves of entry ``eid``'s key hash, as the request counts take them."""
+        base = eid * ENTRY_WORDS
+        return self._q[base + E.hash_lo], self._q[base + E.hash_hi]
+
     def count_request(self, eid: int) -> None:
         """Count a request for entry ``eid``'s key, where the pool counts them."""
         if self.counts is not None:
-            base = eid * ENTRY_WORDS
-            self.counts.count(self._q[base + E.hash_lo], self._q[base + E.hash_hi])
+            self.counts.count(*self._full_hash(eid))
 
     def asked(self, eid: int) -> int:
         """How often entry ``eid``'s key was asked for lately (0 where nothing counts)."""
-        if self.counts is None:
-            return 0
-        base = eid * ENTRY_WORDS
-        return self.counts.asked(self._q[base + E.hash_lo], self._q[base + E.hash_hi])
+        return 0 if self.counts is None else self.counts.asked(*self._full_hash(eid))
 
     def depth(self, eid: int) -> int:
         """The chunks before entry ``eid`` in its prompt (``ChunkTree``; 0 without a tree)."""

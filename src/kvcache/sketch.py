@@ -67,8 +67,9 @@ class RequestCounts:
 
     def count(self, hash_lo: int, hash_hi: int) -> None:
         """One request for the key of this hash; every ``PERIOD`` per entry slot, halve all."""
-        counts, spots = self._counts, self._spots(hash_lo, hash_hi)
-        least = min(counts[spot] for spot in spots)
+        counts = self._counts
+        spots = a, b, c, d = self._spots(hash_lo, hash_hi)
+        least = min(counts[a], counts[b], counts[c], counts[d])
         if least < LIMIT:
             for spot in spots:
                 if counts[spot] == least:

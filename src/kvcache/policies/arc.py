@@ -32,6 +32,7 @@ class ARC:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_queues = True
+    counts_requests = False
     recalls_before_evicting = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

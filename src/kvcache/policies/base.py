@@ -44,6 +44,7 @@ class Policy(Protocol):
     ``tracks_prefixes``: the pool keeps the chunk tree (``kvcache.tree``) for
     it. ``uses_queues``: the policy is a ``QueuePolicy`` and the pool keeps its
     queues (``kvcache.queues``), run exactly rather than scored on samples.
+    ``counts_requests``: the pool counts requests for it (``kvcache.sketch``).
     """
 
     name: str
@@ -51,6 +52,7 @@ class Policy(Protocol):
     fields: tuple[str, ...]
     tracks_prefixes: bool
     uses_queues: bool
+    counts_requests: bool
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         """Victim score per entry; higher is evicted first."""

@@ -13,6 +13,7 @@ class FIFO:
     fields: tuple[str, ...] = ("created",)
     tracks_prefixes = False
     uses_queues = False
+    counts_requests = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["created"].astype(np.float64)

@@ -18,6 +18,7 @@ class LFU:
     fields: tuple[str, ...] = ("freq", "last_access")
     tracks_prefixes = False
     uses_queues = False
+    counts_requests = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -decayed_frequency(columns, ctx)

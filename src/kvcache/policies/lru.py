@@ -13,6 +13,7 @@ class LRU:
     fields: tuple[str, ...] = ("last_access",)
     tracks_prefixes = False
     uses_queues = False
+    counts_requests = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["last_access"].astype(np.float64)

@@ -99,6 +99,7 @@ class Prefix:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = True
     uses_queues = True
+    counts_requests = True
     recalls_before_evicting = True
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
@@ -162,21 +163,26 @@ def admit_asked(queues: Queues) -> None:
     recent end if it was asked for more than main's least recently used (``asked_more``), as
     a read would have. A chunk that documents or system prompts of other prompts reach again
     and again stays, where the chunks that one conversation asked for once go first. Each
-    move takes an entry off probation, so the loop ends."""
+    move takes an entry off probation, so the loop ends; main's least recently used stays
+    the same through it (a move lands at main's other end), so it is asked once."""
     lists = queues.lists
-    while queues.num_main and queues.num_probation >= max(1.0, target(queues)):
+    least = lists.tail(MAIN) if queues.num_main else -1
+    if least < 0:
+        return  # nothing in main (a damaged list is victim's to report)
+    others, depth = queues.asked(least), queues.depth(least)
+    while queues.num_probation >= max(1.0, target(queues)):
         oldest = lists.tail(PROBATION)
-        if oldest < 0 or not asked_more(queues, oldest, lists.tail(MAIN)):
+        if oldest < 0 or not asked_more(queues, oldest, others, depth):
             return
         lists.move(oldest, MAIN)
 
 
-def asked_more(queues: Queues, chunk: int, other: int) -> bool:
-    """Whether ``chunk``'s key was asked for more often lately than ``other``'s
-    (``kvcache.sketch``), or as often, at least twice, from nearer the root: a chunk fewer
-    chunks deep is a prefix of at least as many prompts as one deeper."""
-    asked, others = queues.asked(chunk), queues.asked(other)
-    return asked > others or (asked == others >= 2 and queues.depth(chunk) < queues.depth(other))
+def asked_more(queues: Queues, chunk: int, others: int, depth: int) -> bool:
+    """Whether ``chunk``'s key was asked for more often lately than ``others`` times
+    (``kvcache.sketch``), or as often, at least twice, from nearer the root than ``depth``:
+    a chunk fewer chunks deep is a prefix of at least as many prompts as one deeper."""
+    asked = queues.asked(chunk)
+    return asked > others or (asked == others >= 2 and queues.depth(chunk) < depth)
 
 
 def share(queues: Queues, parent: int) -> None:

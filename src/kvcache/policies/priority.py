@@ -13,6 +13,7 @@ class Priority:
     fields: tuple[str, ...] = ("priority",)
     tracks_prefixes = False
     uses_queues = False
+    counts_requests = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["priority"].astype(np.float64)

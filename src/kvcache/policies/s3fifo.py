@@ -36,6 +36,7 @@ class S3FIFO:
     fields: tuple[str, ...] = ("probation",)
     tracks_prefixes = False
     uses_queues = True
+    counts_requests = False
     recalls_before_evicting = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:

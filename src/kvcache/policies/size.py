@@ -13,6 +13,7 @@ class Size:
     fields: tuple[str, ...] = ("num_pages",)
     tracks_prefixes = False
     uses_queues = False
+    counts_requests = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return columns["num_pages"].astype(np.float64)

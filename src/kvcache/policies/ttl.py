@@ -13,6 +13,7 @@ class TTL:
     fields: tuple[str, ...] = ("expires_at",)
     tracks_prefixes = False
     uses_queues = False
+    counts_requests = False
 
     def score(self, columns: Columns, ctx: ScoreContext) -> np.ndarray:
         return -columns["expires_at"]
