@@ -71,7 +71,10 @@ def test_a_pool_with_slots_holds_more_entries_than_pages_and_evicts_for_slots(ma
     stats = pool.stats()
     assert 2000 - 32 <= stats.num_entries <= 2000  # evicted in batches of up to 16 (of 16 pages)
     assert stats.evictions == 2500 - stats.num_entries
-    assert stats.used_bytes == 0  # not one page
+    assert pool._engine.views.header_q[H.used_pages] == 0  # not one page
+    assert stats.size_bytes == 16 * 1024 + 2000 * 64  # the pages and every entry's slot
+    assert stats.used_bytes == stats.num_entries * 64  # the slots held
+    assert stats.free_bytes == stats.size_bytes - stats.used_bytes
     assert pool.get("k2499") == (2499).to_bytes(4, "little") * 8  # the newest is kept (lru)
     pool.put("page", b"p" * 5000)  # the pages are all still free for a larger value
     assert pool.get("page") == b"p" * 5000
@@ -212,7 +215,7 @@ def test_the_command_line_creates_a_pool_with_slots(names: Callable[[], str]) ->
         "--max-entries", "5000",
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
-    assert "up to 5000 entries, 128-byte inline slots" in created.stdout
+    assert "up to 5000 entries, 128-byte inline slots (625K)" in created.stdout
     with kvcache.open(name) as pool:
         assert pool.config.inline_bytes == 128
         for i in range(3000):  # more than the pool's 64 pages could hold one by one
@@ -220,9 +223,14 @@ def test_the_command_line_creates_a_pool_with_slots(names: Callable[[], str]) ->
         assert len(pool) == 3000
     status = run_cortex("status", name, "--json")
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout)["config"]["inline_bytes"] == 128
+    doc = json.loads(status.stdout)
+    assert doc["config"]["inline_bytes"] == 128
+    assert doc["size_bytes"] == 64 * 1024 + 5000 * 128 and doc["used_bytes"] == 3000 * 128
     human = run_cortex("status", name).stdout
     assert "inline slots" in human and "128 B each" in human and "3000 of 5000" in human
+    assert "689K (64.0K pages, 625K slots)" in human and "375K (54.4%)" in human
+    listed = run_cortex("list").stdout.splitlines()
+    assert [line.split()[1:3] for line in listed if line.startswith(name)] == [["689K", "375K"]]
 
 
 def test_bad_inline_bytes_on_the_command_line_is_one_line_and_no_pool(names) -> None:

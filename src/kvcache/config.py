@@ -118,6 +118,16 @@ class PoolConfig:
             raise InvalidArgument(f"max processes must be 1..1048576, got {self.max_processes}")
 
     @property
+    def slots_bytes(self) -> int:
+        """The room the inline slots take beside the pages: every entry slot's (0 without)."""
+        return self.max_entries * self.inline_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The room entries' bytes have: the pages and the inline slots."""
+        return self.size_bytes + self.slots_bytes
+
+    @property
     def counts_requests(self) -> bool:
         """Whether the pool's policy counts requests, which lays out a sketch for them."""
         from .policies import get_policy  # as in __post_init__

@@ -22,7 +22,7 @@ remote tier's counters, ``remote``):
 ``kvcache_repairs_total``                             repairs after a crash or ``--repair``
 ``kvcache_dropped_writes_total``                      remote writes dropped (queue, down)
 ``kvcache_remote_call_seconds_total`` / ``_calls_total``  time in remote calls, and calls
-``kvcache_size_bytes`` / ``kvcache_used_bytes``       capacity and pages in use
+``kvcache_size_bytes`` / ``kvcache_used_bytes``       capacity and bytes in use
 ``kvcache_entries`` / ``kvcache_attached_processes``  live entries, processes attached
 ``kvcache_operation_duration_seconds{op}``            sampled latency: get, put, lookup,
                                                       retrieve (histogram)
@@ -116,7 +116,7 @@ _COUNTERS: dict[str, str] = {
 }
 _GAUGES: dict[str, str] = {
     "size_bytes": "The pool's capacity for data.",
-    "used_bytes": "Bytes of pages held by entries.",
+    "used_bytes": "Bytes of pages and inline slots held by entries.",
     "entries": "Live entries.",
     "attached_processes": "Processes with the pool open to work in it (the exporter not counted).",
 }

@@ -18,8 +18,8 @@ class PoolStats:
 
     name: str
     policy: str
-    size_bytes: int
-    used_bytes: int  # pages held by entries (READY and being written)
+    size_bytes: int  # room for entries' bytes: pages and inline slots (``capacity_bytes``)
+    used_bytes: int  # pages held by entries (READY and being written), inline slots held
     free_bytes: int
     page_size_bytes: int
     num_entries: int

@@ -115,7 +115,11 @@ def _create(args: argparse.Namespace, out: Output) -> dict[str, object]:
     out.line(
         f"created pool '{args.name}': {format_size(config.size_bytes)}, policy {config.policy}, "
         f"{format_size(config.page_size_bytes)} pages, up to {config.max_entries} entries, "
-        + (f"{config.inline_bytes}-byte inline slots, " if config.inline_bytes else "")
+        + (
+            f"{config.inline_bytes}-byte inline slots ({format_size(config.slots_bytes)}), "
+            if config.inline_bytes
+            else ""
+        )
         + f"tier {tier}"
         + (f", spills to '{args.spill_to}'" if args.spill_to else "")
         + remote
@@ -146,6 +150,13 @@ def _snapshot_to_create_from(args: argparse.Namespace) -> Path:
             "(without it a missing default snapshot means an empty pool)"
         )
     return snapshot
+
+
+def _slots_share(config: kvcache.PoolConfig) -> str:
+    """How ``status``'s size splits between pages and inline slots, where there are slots."""
+    if not config.inline_bytes:
+        return ""
+    return f" ({format_size(config.size_bytes)} pages, {format_size(config.slots_bytes)} slots)"
 
 
 def list_pools(args: argparse.Namespace, out: Output) -> dict[str, object]:
@@ -244,7 +255,7 @@ def status(args: argparse.Namespace, out: Output) -> dict[str, object]:
         ("path", doc["path"]),
         ("tier", doc["tier"]),
         ("policy", stats.policy),
-        ("size", format_size(stats.size_bytes)),
+        ("size", format_size(stats.size_bytes) + _slots_share(config)),
         ("used", f"{format_size(stats.used_bytes)} ({stats.used_bytes / stats.size_bytes:.1%})"),
         ("free", format_size(stats.free_bytes)),
         ("page size", format_size(stats.page_size_bytes)),

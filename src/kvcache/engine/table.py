@@ -273,6 +273,12 @@ class Table:
         slots (where slots are none, a record without pages is damage)."""
         return bool(self.inline_bytes) and not self.eq[eid * ENTRY_WORDS + E.num_pages]
 
+    def held_bytes(self) -> int:
+        """The bytes entries hold: their pages, and the inline slots of those in one (a pool
+        of small values in slots holds them in no page)."""
+        held = self.hq[H.used_pages] * self.page_size
+        return held + self.slot_bytes(self.entries.live_ids()) if self.inline_bytes else held
+
     def slot_bytes(self, eids: np.ndarray) -> int:
         """The bytes the inline slots of entries ``eids`` hold (``in_slot`` of many at once):
         an explicit eviction's measure, beside pages, which alone would say that a pool of

@@ -60,8 +60,7 @@ def evict(
         freed_pages, num_expired = evictor.tidy(force=True)
         freed = freed_pages * page_size
         if percent is not None:
-            held = hq[H.used_pages] * page_size + table.slot_bytes(table.entries.live_ids())
-            target_bytes = math.ceil(held * percent / 100)
+            target_bytes = math.ceil(table.held_bytes() * percent / 100)
         if freed >= target_bytes:
             return EvictionResult(0, num_expired, freed)
         ranked = evictor.rank_all()
@@ -201,16 +200,16 @@ def stats(store: Store) -> PoolStats:
         store.add_kept_back()
         counters = {name: h[getattr(H, name)] for name in COUNTERS}
         counters.update((name, mq[getattr(M, name)]) for name in COUNTER_NAMES)
-        used, count = h[H.used_pages] * page_size, h[H.num_live]
+        used, count = store.table.held_bytes(), h[H.num_live]
         attached = store.procs.live()  # under the lock: a close() may follow it at once
     here = me().pid_ns
     config = store.config
     return PoolStats(
         name=store.name,
         policy=config.policy,
-        size_bytes=config.size_bytes,
+        size_bytes=config.capacity_bytes,
         used_bytes=used,
-        free_bytes=config.size_bytes - used,
+        free_bytes=config.capacity_bytes - used,
         page_size_bytes=page_size,
         num_entries=count,
         max_entries=config.max_entries,
