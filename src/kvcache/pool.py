@@ -110,7 +110,6 @@ class Pool(abc.MutableMapping[Key, Value]):
             rng=rng if rng is not None else np.random.default_rng(),
         )
         self.verify_reads = engine.verify_reads
-        self._observing = observe
         # kvcache.opening attaches the tiers the header and settings name
         self._chain = Chain(engine)
         self._chained = False  # whether a miss or a put goes on to the chain: one test

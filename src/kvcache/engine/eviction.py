@@ -102,7 +102,7 @@ class Evictor:
         self.name = table.name
         self.config = table.config
         self._hq, self._hd = table.hq, table.hd
-        self._eq, self._ed = table.eq, table.ed
+        self._eq = table.eq
         self._views = table.views
         self._allocator = table.allocator
         self._entries = table.entries

@@ -106,7 +106,6 @@ class RemoteLink:
         self._counts_lock = threading.Lock()
         self._settle_at = 0.0
         self._client: Any = None
-        self._errors: tuple[type[BaseException], ...] = ()
         self._guard = threading.Lock()  # down state and the client
         self._retry_at = 0.0
         self._backoff = FIRST_BACKOFF_S
