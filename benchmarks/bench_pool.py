@@ -637,8 +637,9 @@ class Scaled:
     memory_bytes: int  # the pool file's allocated bytes once filled
 
 
-SCALING_LAYOUTS = {"1 KiB pages": 0, "128 B inline slots": 128}
-"""The scaling section's layouts of 64-byte values: a page each, or the entry's inline slot."""
+SCALING_LAYOUTS = {"1 KiB pages": 0, "128 B inline slots": 128, "80 B inline slots": 80}
+"""The scaling section's layouts of 64-byte values under 12-byte keys: a page each, or the
+entry's inline slot, of whole cache lines or (80 bytes) just large enough."""
 
 
 def scaling_keys(num_entries: int) -> list[str]:

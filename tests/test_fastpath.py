@@ -154,12 +154,13 @@ def flip_a_payload_byte(pool: kvcache.Pool, key: str | bytes, at: int) -> bool:
     ops=OPS,
     policy=st.sampled_from(sorted(POLICIES)),
     verify=st.sampled_from([None, False, True]),
-    inline=st.sampled_from([0, 128]),
+    inline=st.sampled_from([0, 80, 128]),
 )
 def test_both_engines_give_the_same_answers_and_leave_the_same_segment(ops, policy, verify, inline):
     """Damaged payload bytes included: verified (all values, or by default those up to 16
     KiB), both drop the entry and count it damaged; unverified, both serve the damaged
-    bytes. With inline slots, values of up to 100 bytes lie in them."""
+    bytes. With inline slots (of 80 bytes: not whole cache lines, or 128), the smallest
+    values lie in them."""
     clock = Ticks()
     with (
         new_pool(policy, clock, pure=False, verify_reads=verify, inline_bytes=inline) as fast,
@@ -351,7 +352,7 @@ def check_copies(engine, eid: int) -> None:
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(data=st.data(), inline=st.sampled_from([0, 128]))
+@given(data=st.data(), inline=st.sampled_from([0, 80, 128]))
 def test_damaged_words_give_the_python_answer_or_none_never_a_crash(data, inline) -> None:
     with damaged_pool("lru", inline) as pool:
         for _ in range(data.draw(st.integers(1, 4), label="words")):

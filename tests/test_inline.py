@@ -51,6 +51,25 @@ def test_small_values_take_no_page_and_larger_ones_take_pages(make_pool) -> None
     assert pool.check() == []
 
 
+def test_slots_that_are_not_whole_cache_lines_keep_their_neighbours_bytes(make_pool) -> None:
+    """80-byte slots hold a 12-byte key and 68 bytes of value exactly, and share cache
+    lines: rewriting one slot leaves the slots beside it as they were."""
+    pool = make_pool("64K", page_size="1K", inline_bytes=80, max_entries=400)
+    keys = [f"key-{i:08d}" for i in range(300)]
+    for i, key in enumerate(keys):
+        pool.put(key, bytes([i % 251]) * 68)
+    assert pool._engine.views.header_q[H.used_pages] == 0  # every one in its slot
+    for key in keys[::3]:
+        pool.put(key, b"\xff" * 64)  # rewritten: to a new slot, beside others
+    pool.put("key-00000001", b"x" * 69)  # one byte over: a page
+    assert pages_of(pool, "key-00000001") == 1
+    for i, key in enumerate(keys):
+        expected = b"x" * 69 if i == 1 else b"\xff" * 64 if i % 3 == 0 else bytes([i % 251]) * 68
+        assert pool.get(key) == expected
+    stats = pool.stats()
+    assert stats.evictions == stats.damaged == 0 and pool.check() == []
+
+
 def test_a_key_moves_between_its_slot_and_pages_as_its_value_grows_and_shrinks(
     make_pool,
 ) -> None:
@@ -190,9 +209,10 @@ def test_entries_move_between_a_pool_with_slots_and_one_without(names) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"inline_bytes": 100}, "inline bytes must be 0 or a multiple of 64"),
-        ({"inline_bytes": 8192, "page_size": "64K"}, "from 64 to 4096"),
-        ({"inline_bytes": 1024, "page_size": "1K"}, "from 64 to 512"),
+        ({"inline_bytes": 100}, "inline bytes must be 0 or a multiple of 16"),
+        ({"inline_bytes": 8}, "a multiple of 16 from 16 to"),
+        ({"inline_bytes": 8192, "page_size": "64K"}, "from 16 to 4096"),
+        ({"inline_bytes": 1024, "page_size": "1K"}, "from 16 to 512"),
         ({"max_entries": 100, "page_size": "1K"}, "unless the pool has inline slots"),
         ({"max_entries": (1 << 30) + 1, "inline_bytes": 64, "page_size": "1K"}, "1 to 1073741824"),
     ],
@@ -237,5 +257,5 @@ def test_bad_inline_bytes_on_the_command_line_is_one_line_and_no_pool(names) -> 
     name = names()
     result = run_cortex("create", name, "--size", "64K", "--inline-bytes", "100")
     assert result.returncode != 0
-    assert result.stderr.count("\n") == 1 and "multiple of 64" in result.stderr
+    assert result.stderr.count("\n") == 1 and "multiple of 16" in result.stderr
     assert "Traceback" not in result.stderr and name not in kvcache.list_pools()

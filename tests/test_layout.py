@@ -81,7 +81,7 @@ def test_header_round_trip(config: PoolConfig) -> None:
     samples=st.integers(1, 1 << 16),
     half_life=st.one_of(st.none(), st.integers(1, 2**40)),
     procs=st.integers(1, 4096),
-    inline_bytes=st.sampled_from([0, 64, 128, 512]),
+    inline_bytes=st.sampled_from([0, 48, 64, 128, 512]),
 )
 def test_header_round_trip_any_config(
     num_pages: int,

@@ -258,7 +258,7 @@ def _create(p: argparse.ArgumentParser) -> None:
         "--inline-bytes",
         default=0,
         help="pack small values: each entry slot gets an inline slot of this many bytes "
-        "(64-4K, a multiple of 64), where a value that fits with its key takes no page; "
+        "(16-4K, a multiple of 16), where a value that fits with its key takes no page; "
         "allows more --max-entries than pages (default none)",
     )
     p.add_argument("--ttl", help="default expiry of entries: 90s, 15m, 1h (default never)")
