@@ -154,6 +154,7 @@ class GhostQueue:
         self._older = words[length : 2 * length]
         self._heads = words[2 * length :]
         self._mask = length - 1  # a power of two: the index's slots
+        self.num_compactions = self.num_requeued = 0  # this handle's, for tests and benchmarks
 
     def count(self, kind: int) -> int:
         return self._h[_NUM_GHOSTS[kind]]
@@ -253,6 +254,8 @@ class GhostQueue:
         h[H.ghost_tail_probation] = h[H.ghost_tail_main] = end
         h[H.num_ghosts_probation] = on_probation
         h[H.num_ghosts_main] = words.size - on_probation
+        self.num_compactions += 1
+        self.num_requeued += words.size
 
     def _forget(self, slot: int) -> int:
         kind = self._ring[slot] & 1

@@ -123,7 +123,8 @@ def pages_of(key: str, value: object, page_size: int, inline_bytes: int = 0) -> 
 
 
 def audit(pool: kvcache.Pool) -> tuple[int, list[str]]:
-    """Read and verify every live entry; return (bytes their pages take, problems).
+    """Read and verify every live entry; return (bytes their pages and inline slots take,
+    problems), as ``stats().used_bytes`` counts them.
 
     Call only while no other process uses the pool (it reads keys, then values).
     """
@@ -137,7 +138,8 @@ def audit(pool: kvcache.Pool) -> tuple[int, list[str]]:
         problem = verify(key, value)
         if problem:
             problems.append(problem)
-        used += pages_of(key, value, page_size, inline_bytes) * page_size
+        pages = pages_of(key, value, page_size, inline_bytes)
+        used += pages * page_size if pages else inline_bytes
     return used, problems
 
 
