@@ -64,7 +64,8 @@ Method
   Replays run in two worker processes: they measure hit rates, not speed.
   Then the same for generated traces (``conversation_trace.py``: the chat
   shape, seeds 1-4, 12,000 requests; the older conversation shape, seeds 1-2,
-  4,000) under lru, s3fifo, arc and prefix, and one table (4b) of every
+  4,000; a retrieval-heavy one and one of turns closer together, where
+  ``prefix`` is weakest) under lru, s3fifo, arc and prefix, and one table (4b) of every
   trace: block hit % per capacity and ``prefix`` minus the best classic
   (``--quick``: the first generated trace only).
 * Other stores (5): ``diskcache`` (directory in /dev/shm) and a Redis server
@@ -986,12 +987,23 @@ EXACT_LRU_MAX_CAPACITY = 8192
 
 QUALITY_POLICIES = ("lru", "s3fifo", "arc", "prefix")
 """The policies of the summary table: the classics and ``prefix``, judged against them."""
-GENERATED_TRACES = (
-    *(("chat", seed, 12_000) for seed in (1, 2, 3, 4)),
-    *(("conversation", seed, 4_000) for seed in (1, 2)),
-)
-"""Traces ``conversation_trace.py`` writes for section 4 beside the shared one: the chat
-shape (real-like) and the older, friendlier shape; ``prefix`` was tuned on seed 1 of each only."""
+RETRIEVAL_HEAVY = (
+    "--max-open-sessions", "100", "--new-session-share", "0.4",
+    "--document-share", "0.8", "--num-documents", "1000",
+)  # fmt: skip
+GENERATED_TRACES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    *((f"chat{seed}", ("--shape", "chat", "--seed", str(seed), "--requests", "12000"))
+      for seed in (1, 2, 3, 4)),
+    *((f"conversation{seed}", ("--seed", str(seed), "--requests", "4000")) for seed in (1, 2)),
+    ("retrieval5", ("--seed", "5", "--requests", "4000", *RETRIEVAL_HEAVY)),
+    ("chat10-turns-closer",
+     ("--shape", "chat", "--seed", "10", "--requests", "8000", "--turn-gap-median", "200")),
+)  # fmt: skip
+"""Traces ``conversation_trace.py`` writes for section 4 beside the shared one, by name and
+options: the chat shape (real-like), the older, friendlier shape, and the two where
+``prefix`` is weakest (docs/eviction.md): retrieval-heavy traffic, whose large pools want
+least-recent order alone, and turns 200 requests apart. ``prefix`` was tuned on chat seed 1
+and conversation seed 1 only."""
 
 
 def section_traces(paths: Sequence[Path], settings: Settings) -> None:
@@ -1009,10 +1021,9 @@ def section_traces(paths: Sequence[Path], settings: Settings) -> None:
 def generated_traces(folder: Path, settings: Settings) -> list[Path]:
     """The ``GENERATED_TRACES``, written into ``folder`` (the quick run: the first only)."""
     paths = []
-    for shape, seed, requests in GENERATED_TRACES[:1] if settings.quick else GENERATED_TRACES:
-        path = folder / f"{shape}{seed}.jsonl"
-        command = [sys.executable, str(REPO / "benchmarks" / "conversation_trace.py")]
-        command += ["--shape", shape, "--seed", str(seed), "--requests", str(requests)]
+    for name, options in GENERATED_TRACES[:1] if settings.quick else GENERATED_TRACES:
+        path = folder / f"{name}.jsonl"
+        command = [sys.executable, str(REPO / "benchmarks" / "conversation_trace.py"), *options]
         with path.open("w") as out:
             subprocess.run(command, stdout=out, check=True)
         paths.append(path)
