@@ -217,7 +217,7 @@ LOOKUP_ASAN_DRIVER = """
 import importlib.util, os, random, sys, uuid
 import numpy as np
 import kvcache
-from kvcache import fastpath, native
+from kvcache import fastpath, native, sketch
 from kvcache.keys import encode_key
 from kvcache.layout import H
 assert native.Finder is None  # this process runs kvcache pure; only the build under test is C
@@ -241,7 +241,7 @@ try:
                       g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
                       g.total_bytes, 100, hit_kind, 3, g.live_offset, rng.choice([0, 3]),
                       g.inline_offset, g.inline_bytes, g.sketch_offset, g.sketch_bytes,
-                      rng.choice([1, 40 * g.max_entries]), fastpath.FIELDS)
+                      rng.choice([1, sketch.period_for(g.max_entries)]), fastpath.FIELDS)
         for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
     ]
     words = segment[: g.data_offset].view(np.int64)

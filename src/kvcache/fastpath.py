@@ -177,7 +177,7 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
         g.inline_bytes,
         g.sketch_offset,
         g.sketch_bytes,
-        sketch.PERIOD * g.max_entries,
+        sketch.period_for(g.max_entries),
         FIELDS,
     )
 

@@ -346,6 +346,12 @@ E = _WordIndex(ENTRY_DTYPE)
 """Word index of each entry field: ``entries_q[eid * ENTRY_WORDS + E.state]``."""
 
 
+def stored_hash(entries_q: memoryview, eid: int) -> tuple[int, int]:
+    """Both halves of the key hash entry ``eid``'s record stores (``hash_lo``, ``hash_hi``)."""
+    base = eid * ENTRY_WORDS
+    return entries_q[base + E.hash_lo], entries_q[base + E.hash_hi]
+
+
 def _align(offset: int) -> int:
     return -(-offset // ALIGN_BYTES) * ALIGN_BYTES
 

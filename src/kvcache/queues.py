@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import corrupt
-from .layout import CLOCK_LIMIT, ENTRY_WORDS, READY, E, H, Views
+from .layout import CLOCK_LIMIT, ENTRY_WORDS, READY, E, H, Views, stored_hash
 from .sketch import RequestCounts
 from .tree import ChunkTree
 
@@ -353,23 +353,18 @@ class Queues:
     def key_hash(self, eid: int) -> int:
         return self._q[eid * ENTRY_WORDS + E.hash_lo]
 
-    def _full_hash(self, eid: int) -> tuple[int, int]:
-        """Both halves of entry ``eid``'s key hash, as the request counts take them."""
-        base = eid * ENTRY_WORDS
-        return self._q[base + E.hash_lo], self._q[base + E.hash_hi]
-
     def count_request(self, eid: int) -> None:
         """Count a request for entry ``eid``'s key, where the pool counts them."""
         if self.counts is not None:
-            self.counts.count(*self._full_hash(eid))
+            self.counts.count(*stored_hash(self._q, eid))
 
     def asked(self, eid: int) -> int:
         """How often entry ``eid``'s key was asked for lately (0 where nothing counts)."""
-        return 0 if self.counts is None else self.counts.asked(*self._full_hash(eid))
+        return 0 if self.counts is None else self.counts.asked(*stored_hash(self._q, eid))
 
     def depth(self, eid: int) -> int:
         """The chunks before entry ``eid`` in its prompt (``ChunkTree``; 0 without a tree)."""
-        return self._q[eid * ENTRY_WORDS + E.depth]
+        return self._tree.depth(eid) if self._tree is not None else 0
 
     def last_use(self, eid: int) -> int:
         """The logical clock of entry ``eid``'s last put or hit."""

@@ -54,6 +54,7 @@ from .layout import (
     Geometry,
     H,
     Views,
+    stored_hash,
     write_header,
 )
 from .policies import get_policy
@@ -128,7 +129,7 @@ def _survey(parts: Parts) -> _Survey:
     winners = _newest_per_key(v, [eid for eid in hashes if eid in runs])
     for eid, chain in runs.items():
         problem = _sharing_problem(v, eid, chain, eid in winners, survey.owned)
-        if not problem and eid in hashes and hashes[eid] != _stored_hash(v, eid):
+        if not problem and eid in hashes and hashes[eid] != stored_hash(v.entries_q, eid):
             problem = "its key hash does not match its key"  # either may be the damaged one
         if problem:
             problems.append(f"entry {eid}: {problem}")
@@ -290,17 +291,12 @@ def _survey_metadata(
                 del runs[eid]
 
 
-def _stored_hash(v: Views, eid: int) -> tuple[int, int]:
-    base = eid * ENTRY_WORDS
-    return v.entries_q[base + E.hash_lo], v.entries_q[base + E.hash_hi]
-
-
 def _newest_per_key(v: Views, ready: list[int]) -> set[int]:
     """Of these READY entries, the newest for each key hash they are filed under."""
     q = v.entries_q
     newest: dict[tuple[int, int], int] = {}
     for eid in ready:
-        key = _stored_hash(v, eid)
+        key = stored_hash(v.entries_q, eid)
         other = newest.get(key)
         if other is None or q[other * ENTRY_WORDS + E.created] < q[eid * ENTRY_WORDS + E.created]:
             newest[key] = eid

@@ -43,6 +43,12 @@ def bytes_for(max_entries: int) -> int:
     return min(1 << (PER_ENTRY * max_entries - 1).bit_length(), MAX_BYTES)
 
 
+def period_for(max_entries: int) -> int:
+    """The counts between two halvings of the sketch of a pool with ``max_entries`` entry
+    slots (the Python and the compiled count take it from here)."""
+    return PERIOD * max_entries
+
+
 class RequestCounts:
     """The sketch of one mapped segment, counted and read under the pool's lock."""
 
@@ -53,7 +59,7 @@ class RequestCounts:
         self._array = np.frombuffer(sketch, np.uint8)
         self._h, self._counted = header_q, counted_word  # counts since the last halving
         self._mask = len(sketch) - 1
-        self._period = PERIOD * max_entries
+        self._period = period_for(max_entries)
 
     def _spots(self, hash_lo: int, hash_hi: int) -> tuple[int, int, int, int]:
         mask = self._mask

@@ -45,6 +45,10 @@ class ChunkTree:
         link = self._q[eid * ENTRY_WORDS + E.parent]
         return self._id(link) if link else -1
 
+    def depth(self, eid: int) -> int:
+        """The chunks before ``eid`` in its prompt (0: a root)."""
+        return self._q[eid * ENTRY_WORDS + E.depth]
+
     def has_two_children(self, eid: int) -> bool:
         """Whether ``eid`` holds two children or more now (its first has a sibling)."""
         link = self._q[eid * ENTRY_WORDS + E.first_child]

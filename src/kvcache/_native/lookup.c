@@ -259,10 +259,14 @@ static void queue_hit(const Finder *f, char *map, int64_t eid) {
     store(map, w[F_MAIN_HEAD], eid + 1);
 }
 
+#define SKETCH_LIMIT 15 /* kvcache.sketch.LIMIT: the largest count */
+#define SKETCH_MAX_BYTES (INT64_C(1) << 28) /* kvcache.sketch.MAX_BYTES */
+
 /* kvcache.sketch.RequestCounts.count, store for store: one request for the key of this
- * hash (the smallest of its four counters raised, up to 15); every sketch_period counts,
- * all counters halve. The counted word is read as it is: any value outside [0, period - 1)
- * halves, as in Python, so a damaged one costs an early halving and nothing else. */
+ * hash (the smallest of its four counters raised, up to SKETCH_LIMIT); every sketch_period
+ * counts, all counters halve. The counted word is read as it is: any value outside
+ * [0, period - 1) halves, as in Python, so a damaged one costs an early halving and nothing
+ * else. */
 static void count_request(const Finder *f, char *map, int64_t hash_lo, int64_t hash_hi) {
     unsigned char *counts = (unsigned char *)map + f->sketch_offset;
     uint64_t mask = (uint64_t)f->sketch_bytes - 1, lo = (uint64_t)hash_lo, hi = (uint64_t)hash_hi;
@@ -270,7 +274,7 @@ static void count_request(const Finder *f, char *map, int64_t hash_lo, int64_t h
     unsigned char least = counts[spots[0]];
     for (int i = 1; i < 4; i++)
         if (counts[spots[i]] < least) least = counts[spots[i]];
-    if (least < 15)
+    if (least < SKETCH_LIMIT)
         for (int i = 0; i < 4; i++)
             if (counts[spots[i]] == least) counts[spots[i]] = (unsigned char)(least + 1);
     int64_t counted = load(map, f->field[F_SKETCH_COUNTED]);
@@ -745,7 +749,7 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
          f->inline_offset < limit && (f->inline_bytes == 0) == (f->inline_offset == 0) &&
          !__builtin_mul_overflow(f->max_entries, f->inline_bytes, &slot_bytes) &&
          slot_bytes <= f->total_bytes - f->inline_offset;
-    ok = ok && f->sketch_bytes >= 0 && f->sketch_bytes <= (INT64_C(1) << 28) &&
+    ok = ok && f->sketch_bytes >= 0 && f->sketch_bytes <= SKETCH_MAX_BYTES &&
          (f->sketch_bytes & (f->sketch_bytes - 1)) == 0 &&
          (f->sketch_bytes == 0) == (f->sketch_offset == 0) && f->sketch_offset >= 0 &&
          f->sketch_offset <= f->total_bytes - f->sketch_bytes && f->sketch_period >= 1;

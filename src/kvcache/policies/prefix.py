@@ -143,10 +143,11 @@ class Prefix:
         recently used. It and the chunks below it become ghosts of its list. First, while
         probation holds its target, its oldest goes to main instead when it was asked for
         more than main's least recently used (``admit_asked``)."""
-        admit_asked(queues)
+        holds = max(1.0, target(queues))  # what probation holds at its target
+        admit_asked(queues, holds)
         on_probation = queues.num_probation
         kind = MAIN
-        if (on_probation and on_probation >= max(1.0, target(queues))) or not queues.num_main:
+        if (on_probation and on_probation >= holds) or not queues.num_main:
             kind = PROBATION
         victim = queues.lists.tail(kind) if kind == PROBATION else least_recent(queues)
         if victim >= 0 and kind == MAIN and on_probation:
@@ -158,19 +159,20 @@ class Prefix:
         return remember(queues, victim, kind)
 
 
-def admit_asked(queues: Queues) -> None:
-    """TinyLFU's admission: while probation holds its target, move its oldest to main's most
-    recent end if it was asked for more than main's least recently used (``asked_more``), as
-    a read would have. A chunk that documents or system prompts of other prompts reach again
-    and again stays, where the chunks that one conversation asked for once go first. Each
-    move takes an entry off probation, so the loop ends; main's least recently used stays
-    the same through it (a move lands at main's other end), so it is asked once."""
+def admit_asked(queues: Queues, holds: float) -> None:
+    """TinyLFU's admission: while probation holds its target (``holds`` entries), move its
+    oldest to main's most recent end if it was asked for more than main's least recently
+    used (``asked_more``), as a read would have. A chunk that documents or system prompts
+    of other prompts reach again and again stays, where the chunks that one conversation
+    asked for once go first. Each move takes an entry off probation, so the loop ends;
+    main's least recently used stays the same through it (a move lands at main's other
+    end), so it is asked once."""
     lists = queues.lists
     least = lists.tail(MAIN) if queues.num_main else -1
     if least < 0:
         return  # nothing in main (a damaged list is victim's to report)
     others, depth = queues.asked(least), queues.depth(least)
-    while queues.num_probation >= max(1.0, target(queues)):
+    while queues.num_probation >= holds:
         oldest = lists.tail(PROBATION)
         if oldest < 0 or not asked_more(queues, oldest, others, depth):
             return
