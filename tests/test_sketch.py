@@ -81,14 +81,15 @@ def test_only_a_prefix_pool_counts_requests_and_is_written_as_format_12(names) -
         lo, hi = key_hash(b"root")
         assert pool._engine.table.queues.counts.asked(lo, hi) == 2  # the put and the hit
         assert views.header_q[H.sketch_counted] == 2
-    set_format_version(path, 11)  # a kvcache that reads 11 must not take it for its own
-    with pytest.raises(IncompatiblePoolError, match="damaged header"):
+    set_format_version(path, 10)  # a kvcache that reads 10 must not take it for its own
+    with pytest.raises(IncompatiblePoolError, match="format version 10, this kvcache"):
         kvcache.open(prefix)
 
 
 def test_the_compiled_hit_counts_as_python_counts(names) -> None:
-    """Both engines count a hit the same way: the sketches are equal, byte for byte."""
-    sketches = []
+    """Both engines count a hit the same way, up to the counters' limit and across a
+    halving: the sketches are equal, byte for byte, at each step."""
+    steps: list[list[np.ndarray]] = []
     for pure in (False, True):
         name = names()
         with kvcache.create(name, "64K", page_size="1K", policy="prefix") as pool:
@@ -96,10 +97,28 @@ def test_the_compiled_hit_counts_as_python_counts(names) -> None:
                 pool._engine.table.fast = None  # every hit through the Python path
             else:
                 assert pool._engine.table.fast is not None or native.Finder is None
+            views, period = pool._engine.views, sketch.period_for(64)
+            seen = []
+
+            def counts() -> np.ndarray:
+                return np.frombuffer(views.sketch, np.uint8).copy()  # noqa: B023
+
             for key in ("a", "b", "c"):
                 pool.put(key, b"v")
             for key in ("a", "a", "b", "missing"):
                 pool.get(key)
-            sketches.append(np.frombuffer(pool._engine.views.sketch, np.uint8).copy())
-            assert pool._engine.views.header_q[H.sketch_counted] == 6
-    assert sketches[0].any() and np.array_equal(sketches[0], sketches[1])
+            assert views.header_q[H.sketch_counted] == 6
+            seen.append(counts())
+            for _ in range(LIMIT + 5):
+                pool.get("a")
+            assert counts().max() == LIMIT  # "a"'s counters stop at the limit
+            seen.append(counts())
+            for i in range(period):  # the hit that reaches the period halves every counter
+                pool.get("bc"[i % 2])
+            assert views.header_q[H.sketch_counted] < period
+            seen.append(counts())
+            steps.append(seen)
+    compiled, pure_python = steps
+    assert compiled[0].any()
+    for here, there in zip(compiled, pure_python, strict=True):
+        assert np.array_equal(here, there)
