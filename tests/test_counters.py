@@ -44,7 +44,7 @@ def every_op_timed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_region_follows_the_header_and_fits() -> None:
     assert METRICS_OFFSET == HEADER_BYTES
     assert METRICS_DTYPE.itemsize <= METRICS_BYTES
-    assert FORMAT_VERSION == 12
+    assert FORMAT_VERSION == 13
     geometry = Geometry.for_config(PoolConfig.build("1M", page_size="4K"))
     assert geometry.procs_offset == METRICS_OFFSET + METRICS_BYTES  # nothing else in it
 
@@ -234,14 +234,14 @@ def test_repair_zeroes_negative_counters(make_pool: Callable[..., kvcache.Pool])
     assert pool.metrics().latency["get"].counts[3] == 0
 
 
-@pytest.mark.parametrize("older", [5, 6, 7, 8, 9])
+@pytest.mark.parametrize("older", [5, 6, 7, 8, 9, 11])
 def test_older_format_pools_are_refused(pool_name: str, older: int) -> None:
     with kvcache.create(pool_name, "1M", page_size="4K") as pool:
         path = pool.path
     set_format_version(path, older)
     with pytest.raises(
         IncompatiblePoolError,
-        match=f"format version {older}, this kvcache reads 10, 11 and {FORMAT_VERSION}",
+        match=f"format version {older}, this kvcache reads 10, 12 and {FORMAT_VERSION}",
     ):
         kvcache.open(pool_name)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -136,16 +137,48 @@ def test_persist_and_restore_keep_the_slots(make_pool, pool_name, tmp_path: Path
         restored.close()
 
 
-def test_only_a_pool_with_slots_is_written_as_format_11(pool_name, names) -> None:
-    plain = names()
-    with kvcache.create(plain, "64K", page_size="1K") as pool:
-        assert pool._engine.views.header_q[H.format_version] == 10
-    with kvcache.create(pool_name, "64K", page_size="1K", inline_bytes=64) as pool:
+@pytest.mark.parametrize("policy", ["lru", "prefix"])
+def test_only_a_pool_with_slots_is_written_as_format_13(names, policy) -> None:
+    plain, slotted = names(), names()
+    with kvcache.create(plain, "64K", page_size="1K", policy=policy) as pool:
+        assert pool._engine.views.header_q[H.format_version] == (12 if policy == "prefix" else 10)
+    with kvcache.create(slotted, "64K", page_size="1K", inline_bytes=64, policy=policy) as pool:
         path = pool.path
-        assert pool._engine.views.header_q[H.format_version] == 11
-    set_format_version(path, 10)  # a kvcache that reads 10 must not take it for its own
-    with pytest.raises(IncompatiblePoolError, match="damaged header"):
-        kvcache.open(pool_name)
+        assert pool._engine.views.header_q[H.format_version] == 13
+    # a kvcache that reads 10, 11 or 12 keeps no count of the slots held: refused either way
+    for older in (10, 11, 12):
+        set_format_version(path, older)
+        with pytest.raises(IncompatiblePoolError, match=f"format version {older}, this kvcache"):
+            kvcache.open(slotted)
+
+
+def test_the_slots_held_are_counted_where_entries_come_and_go(make_pool) -> None:
+    """The header's count of entries in slots follows puts, replacements, deletes, moves
+    between slot and pages, evictions and expiry, so ``stats`` reads two words."""
+    pool = make_pool("16K", page_size="1K", inline_bytes=64, max_entries=64)
+
+    def counted() -> tuple[int, int]:
+        v, live = pool._engine.views, pool._engine.table.entries.live_ids()
+        in_slots = np.count_nonzero(v.entries["num_pages"][live] == 0)
+        return int(v.header_q[H.used_slots]), int(in_slots)
+
+    for i in range(40):  # more than the pages: the small ones stay, some big ones go
+        pool.put(f"k{i}", b"s" * 10 if i % 3 else b"b" * 1500)
+        assert counted()[0] == counted()[1]
+    pool.put("k1", b"b" * 1500)  # from its slot to pages
+    pool.put("k0", b"s")  # from pages to its slot
+    del pool["k38"]
+    pool.put("gone", b"t", ttl=0.001)
+    time.sleep(0.01)
+    pool.evict(percent=50)
+    held, slots = counted()
+    assert held == slots > 0
+    assert pool.stats().used_bytes == pool._engine.views.header_q[H.used_pages] * 1024 + slots * 64
+    assert pool.check() == []
+    pool._engine.views.header_q[H.used_slots] = 5  # damaged: reported, and repair counts again
+    assert f"used slots counter is 5, entries hold {slots}" in pool.check()
+    pool.check(repair=True)
+    assert counted() == (slots, slots) and pool.check() == []
 
 
 def test_a_slot_entry_claiming_a_page_is_reported_and_repair_drops_it_alone(make_pool) -> None:

@@ -62,8 +62,8 @@ def test_header_round_trip(config: PoolConfig) -> None:
     assert read_geometry == geometry
     header = np.ndarray((), HEADER_DTYPE, buffer=buffer)
     assert header["magic"].item() == MAGIC
-    # only a pool with inline slots (11) or request counts (12, prefix) needs that format
-    newest = 12 if config.policy == "prefix" else 11 if config.inline_bytes else 10
+    # only a pool with inline slots (13) or request counts (12, prefix) needs that format
+    newest = 13 if config.inline_bytes else 12 if config.policy == "prefix" else 10
     assert int(header["format_version"]) == newest
     assert float(header["created_at"]) == 1234.5
     assert int(header["free_page_head"]) == NO_PAGE

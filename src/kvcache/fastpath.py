@@ -122,6 +122,7 @@ FIELDS = (
     H.dirty,
     H.lock_word,
     H.sketch_counted,
+    H.used_slots,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 

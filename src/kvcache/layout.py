@@ -64,9 +64,14 @@ from .config import PoolConfig
 from .errors import IncompatiblePoolError
 
 MAGIC = b"KVCACHE1"
-FORMAT_VERSION = 12
-READABLE_VERSIONS = (10, 11, 12)
-"""12: a ``prefix`` pool counts requests in a sketch after everything else
+FORMAT_VERSION = 13
+READABLE_VERSIONS = (10, 12, 13)
+"""13: a pool with inline slots counts the entries in one (``used_slots``, beside
+``used_pages``), so that its occupancy is two header words instead of a walk over every
+entry under the lock. Every pool with slots is written as 13: a kvcache reading 11 or 12
+would not keep the count, so it must refuse such a pool, and format-11 pools (and
+format-12 ones with slots) are refused here (persist and restore them).
+12: a ``prefix`` pool counts requests in a sketch after everything else
 (``sketch_bytes``, ``sketch_offset``, ``sketch_counted``; ``kvcache.sketch``), which its
 policy's admission to main reads. Only such a pool is written as 12: a kvcache reading 11
 would run ``prefix`` without counting, and its admissions would differ from those of the
@@ -249,6 +254,8 @@ HEADER_DTYPE = np.dtype(
         ("sketch_bytes", "<i8"),
         ("sketch_offset", "<i8"),
         ("sketch_counted", "<i8"),
+        # format 13: READY and WRITING entries in their inline slot (used_pages' twin)
+        ("used_slots", "<i8"),
     ]
 )
 
@@ -462,9 +469,9 @@ class Geometry:
     @property
     def format_version(self) -> int:
         """The format a segment of this geometry is written as (see ``FORMAT_VERSION``)."""
-        if self.sketch_bytes:
+        if self.inline_bytes:
             return FORMAT_VERSION
-        return 11 if self.inline_bytes else 10
+        return 12 if self.sketch_bytes else 10
 
 
 class Views:
@@ -563,11 +570,7 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
         )
     version = int(header["format_version"])
     if version not in READABLE_VERSIONS:
-        raise IncompatiblePoolError(
-            f"{where} has pool format version {version}, this kvcache reads "
-            f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]}: "
-            "open it with the kvcache that made it, or persist it there and restore here"
-        )
+        raise _unreadable(where, version)
     try:
         size_bytes = int(header["num_pages"]) * int(header["page_size_bytes"])
         config = PoolConfig.from_stored(header, size_bytes)
@@ -577,13 +580,20 @@ def read_header(buffer: mmap.mmap, file_bytes: int, where: str) -> tuple[PoolCon
         ) from exc
     geometry = Geometry.for_config(config)
     stored = {name: int(header[name]) for name in Geometry.__dataclass_fields__}
-    if (
-        stored != vars(geometry)
-        or geometry.total_bytes != file_bytes
-        or version != geometry.format_version
-    ):
+    if stored != vars(geometry) or geometry.total_bytes != file_bytes:
         raise IncompatiblePoolError(
             f"{where} has a damaged header (its geometry does not match the file): "
             "destroy and recreate it"
         )
+    if version != geometry.format_version:  # e.g. slots written by a kvcache that read 12
+        raise _unreadable(where, version)
     return config, geometry
+
+
+def _unreadable(where: str, version: int) -> IncompatiblePoolError:
+    return IncompatiblePoolError(
+        f"{where} has pool format version {version}, this kvcache reads "
+        f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and {READABLE_VERSIONS[-1]} "
+        f"(format {FORMAT_VERSION} for pools with inline slots): open it with the kvcache "
+        "that made it, or persist it there and restore here"
+    )

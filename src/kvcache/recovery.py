@@ -377,6 +377,10 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
         problems.append(
             f"used pages counter is {h[H.used_pages]}, entries hold {int(survey.owned.sum())}"
         )
+    if h[H.used_slots] != _slots_held(v, survey.keep):
+        problems.append(
+            f"used slots counter is {h[H.used_slots]}, entries hold {_slots_held(v, survey.keep)}"
+        )
     expected_free = set(np.flatnonzero(~survey.owned[: survey.fresh_pages]).tolist())
     free = _walk_free_list(v, len(expected_free))
     if free != expected_free:
@@ -436,6 +440,13 @@ def _earliest_expiry(v: Views, ready: list[int]) -> float:
     return float(v.entries["expires_at"][ready].min(initial=math.inf))
 
 
+def _slots_held(v: Views, keep: np.ndarray) -> int:
+    """How many of the entries that stay lie in their inline slot (they hold no page)."""
+    if not v.geometry.inline_bytes:
+        return 0
+    return int(np.count_nonzero(keep & (v.entries["num_pages"] == 0)))
+
+
 def _walk_free_list(v: Views, expected: int) -> set[int]:
     """Pages on the free list, stopping at a bad link or after more than ``expected``."""
     pages: set[int] = set()
@@ -474,6 +485,7 @@ def rebuild(parts: Parts) -> None:
         h[H.next_fresh_entry] = v.geometry.max_entries
     parts.entries.rebuild(survey.keep)
     parts.allocator.rebuild(survey.owned)
+    h[H.used_slots] = _slots_held(v, survey.keep)
     parts.index.rebuild(survey.ready)
     ready = np.array(survey.ready, np.int64)
     tree.rebuild(v.entries, ready)

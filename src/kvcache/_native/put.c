@@ -94,7 +94,7 @@ static int removable(const Finder *f, const char *map, int64_t eid, int64_t lo) 
 
 /* Whether Table.remove of entry ``old`` (not in a queue or tree) reads only words in
  * range: its index slot, its place in the live list, its page chain's ends and the page
- * counts it changes (unless it lies in its inline slot); and whether it is READY, as an
+ * counts it changes (the count of slots held, if it lies in its inline slot); and whether it is READY, as an
  * indexed entry is. */
 static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     const int64_t *w = f->field, n = f->max_entries;
@@ -107,7 +107,8 @@ static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     int64_t moved = load(live, last), first = load(entry, w[F_FIRST_PAGE]);
     int64_t end = load(entry, w[F_LAST_PAGE]), pages = load(entry, w[F_NUM_PAGES]);
     int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), used = load(map, w[F_USED_PAGES]);
-    int pages_ok = in_slot(f, entry) ||
+    int64_t slots = load(map, w[F_USED_SLOTS]);
+    int pages_ok = in_slot(f, entry) ? slots > 0 && slots <= n :
         (first >= 0 && first < f->num_pages && end >= 0 && end < f->num_pages && pages > 0 &&
          pages <= f->num_pages && num_free >= 0 && num_free <= f->num_pages && used >= 0 &&
          used <= f->num_pages);
@@ -182,8 +183,10 @@ static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64
     int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), fresh = load(map, w[F_NEXT_FRESH_PAGE]);
     int64_t reserved = load(map, w[F_RESERVED_PAGES]), used = load(map, w[F_USED_PAGES]);
     int64_t head = load(map, w[F_FREE_ENTRY_HEAD]), next_entry = load(map, w[F_NEXT_FRESH_ENTRY]);
+    int64_t slots = load(map, w[F_USED_SLOTS]);
     if (num_free < 0 || num_free > pages || fresh < 0 || fresh > pages || used < 0 ||
-        used > pages || head < 0 || head > n || next_entry < 0 || next_entry > n)
+        used > pages || head < 0 || head > n || next_entry < 0 || next_entry > n ||
+        slots < 0 || slots > n)
         return LEAVE_TO_PYTHON;
     if (num_free + pages - fresh < p->num_pages || (!head && next_entry == n)) return NO_ROOM;
     p->eid = head ? head - 1 : next_entry; /* EntryTable.claim */
@@ -240,7 +243,10 @@ static int64_t allocate(const Finder *f, char *map, const Plan *p, int64_t *last
     char *links = map + f->page_next_offset;
     int64_t first = NO_PAGE, last = NO_PAGE;
     *last_page = NO_PAGE;
-    if (!p->num_pages) return NO_PAGE;
+    if (!p->num_pages) { /* the entry's inline slot */
+        store(map, w[F_USED_SLOTS], load(map, w[F_USED_SLOTS]) + 1);
+        return NO_PAGE;
+    }
     if (p->from_free) {
         first = load(map, w[F_FREE_PAGE_HEAD]);
         last = p->free_last;
@@ -318,6 +324,8 @@ static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
         store(map, w[F_FREE_PAGE_HEAD], load(entry, w[F_FIRST_PAGE]));
         store(map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) + pages);
         store(map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) - pages);
+    } else {
+        store(map, w[F_USED_SLOTS], load(map, w[F_USED_SLOTS]) - 1);
     }
     store_release(entry, w[F_STATE], FREE);
     store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);

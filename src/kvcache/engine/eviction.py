@@ -227,7 +227,7 @@ class Evictor:
             self._hd[H.probation_target],
         )
 
-    def tidy(self, *, force: bool) -> tuple[int, int]:
+    def tidy(self, *, force: bool) -> int:
         """Reclaim what no one can use any more: expired entries and dead writers' pages.
 
         Both need a scan of the whole entry table (vectorised), so unforced
@@ -237,32 +237,31 @@ class Evictor:
         and ranks first whenever an eviction sample meets it.
 
         Returns:
-            (pages freed by expiry, entries expired).
+            the entries expired.
         """
         h = self._hq
         if not force and h[H.puts] < h[H.next_sweep_puts]:
-            return 0, 0
+            return 0
         h[H.next_sweep_puts] = h[H.puts] + h[H.num_live] // SWEEP_SPACING
         self.reclaim_dead_writers()
         return self.sweep_expired(force=force)
 
-    def sweep_expired(self, *, force: bool) -> tuple[int, int]:
-        """Remove every expired entry, if forced or if one may have expired."""
+    def sweep_expired(self, *, force: bool) -> int:
+        """Remove every expired entry, if forced or if one may have expired; how many."""
         now = self._clock()
         if not force and self._hd[H.next_expiry_at] > now:
-            return 0, 0
+            return 0
         records = self._views.entries[: self._hq[H.next_fresh_entry]]
         ready = records["state"] == READY
         expired = np.flatnonzero(ready & (records["expires_at"] <= now))
-        used, num_expired = self._hq[H.used_pages], 0
+        num_expired = 0
         for eid in expired.tolist():
             if records["state"][eid] == READY:  # not gone with an expired parent
                 num_expired += self._remove(eid)
-        freed = used - self._hq[H.used_pages]
         self._hq[H.expirations] += num_expired
         remaining = records["expires_at"][records["state"] == READY]
         self._hd[H.next_expiry_at] = float(remaining.min()) if remaining.size else math.inf
-        return freed, num_expired
+        return num_expired
 
     def reclaim_dead_writers(self) -> int:
         """Free WRITING entries whose writer died mid-copy; return how many."""

@@ -54,11 +54,11 @@ def evict(
     ):
         raise InvalidArgument(f"percent must be a number in (0, 100], got {percent!r}")
     target_bytes = 0 if bytes is None else parse_size(bytes, what="bytes to evict")
-    evictor, table, page_size = store.evictor, store.table, store.table.page_size
-    hq, eq = table.hq, table.eq
+    evictor, table, eq = store.evictor, store.table, store.table.eq
     with store.lock:
-        freed_pages, num_expired = evictor.tidy(force=True)
-        freed = freed_pages * page_size
+        held = table.held_bytes()
+        num_expired = evictor.tidy(force=True)
+        freed = held - table.held_bytes()  # expired entries' and dead writers' pages and slots
         if percent is not None:
             target_bytes = math.ceil(table.held_bytes() * percent / 100)
         if freed >= target_bytes:
@@ -72,11 +72,10 @@ def evict(
                     break
                 base = eid * ENTRY_WORDS
                 if eq[base + E.generation] == generation and eq[base + E.state] == READY:
-                    used, doomed = hq[H.used_pages], table.chain(eid)
-                    slots = sum(map(table.in_slot, doomed))
+                    held, doomed = table.held_bytes(), table.chain(eid)
                     removed = evictor.evict_one(eid, doomed[:-1])
                     store.metrics.q[M.evictions_explicit] += removed
-                    freed += (used - hq[H.used_pages]) * page_size + slots * table.inline_bytes
+                    freed += held - table.held_bytes()
                     num_entries += removed
     return EvictionResult(num_entries, num_expired, freed)
 
