@@ -113,6 +113,11 @@ def test_an_explicit_eviction_counts_the_slots_entries_hold(make_pool) -> None:
     before = len(pool)
     result = pool.evict(bytes=10 * 128)
     assert result.num_bytes >= 1280 and before - len(pool) == result.num_entries <= 10
+    for i in range(3):
+        pool.put(f"brief{i}", b"b", ttl=0.001)
+    time.sleep(0.01)
+    result = pool.evict(expired=True)  # expired entries free their slots too
+    assert (result.num_expired, result.num_bytes) == (3, 3 * 128)
     assert pool.check() == []
 
 
