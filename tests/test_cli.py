@@ -23,6 +23,7 @@ import pytest
 import kvcache
 from kvcache.cli import commands, run
 from other_user import needs_root, run_as_nobody
+from pool_files import set_format_version
 
 CORTEX = shutil.which("cortex", path=str(Path(sys.executable).parent)) or "cortex"
 COMMANDS = [
@@ -381,6 +382,25 @@ def test_bug_destroy_without_a_terminal_destroyed_without_asking(names):
         assert name in kvcache.list_pools()
     assert cortex("destroy", name, "--yes").returncode == 0
     assert name not in kvcache.list_pools()
+
+
+def test_destroy_removes_a_pool_this_kvcache_cannot_read(names):
+    """A pool of an older format (or with a damaged header) cannot be opened, and the
+    error says so: destroying it must still work, after asking, from the command line."""
+    older, damaged = names(), names()
+    for name in (older, damaged):
+        cortex_json("create", name, "--size", "1M", "--inline-bytes", "64")
+    set_format_version(kvcache.segment.segment_path(older), 11)  # slots, counted by none
+    set_format_version(kvcache.segment.segment_path(damaged), 99)
+    result = cortex("status", older)
+    assert result.returncode == 1 and "format version 11" in result.stderr
+    code, output = _run_on_terminal([CORTEX, "cache", "destroy", older], "y")
+    assert code == 0 and "unreadable by this kvcache" in output
+    result = cortex("destroy", damaged, "--yes", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["num_entries"] == 0
+    assert older not in kvcache.list_pools() and damaged not in kvcache.list_pools()
+    assert not os.path.exists(kvcache.segment.segment_path(older))
 
 
 def test_persist_on_a_terminal_draws_progress_and_succeeds(names, home):

@@ -17,6 +17,7 @@ import kvcache
 
 from .. import owners
 from ..errors import (
+    IncompatiblePoolError,
     InvalidArgument,
     KVCacheError,
     PoolExistsError,
@@ -33,7 +34,6 @@ from .parser import trust_kwargs
 
 if TYPE_CHECKING:
     from ..accesslog import LogSpec
-    from ..reports import PoolStats
 
 
 def create(args: argparse.Namespace, out: Output) -> dict[str, object]:
@@ -470,30 +470,32 @@ def destroy(args: argparse.Namespace, out: Output) -> dict[str, object]:
     try:
         with kvcache.open(args.name, **trust_kwargs(args)) as pool:
             stats = pool.stats()
+        num_entries, what = stats.num_entries, f"{format_size(stats.used_bytes)} used"
     except PoolNotFoundError:
         if not kvcache.segment.is_taken(args.name):
             raise
         kvcache.destroy(args.name)  # a disk pool whose file is gone: only its record is left
         out.line(f"forgot pool '{args.name}': its file was gone already")
         return {"destroyed": args.name, "num_entries": 0}
+    except IncompatiblePoolError:
+        # another format (an older kvcache's) or a damaged header: no process of ours
+        # can be attached through it, so it is destroyed as it is (as the API does)
+        num_entries, what = 0, "unreadable by this kvcache"
     if not args.yes:
-        _confirm_destroy(args.name, stats)
+        _confirm_destroy(args.name, f"{num_entries} entries, {what}")
     kvcache.destroy(args.name, force=args.force, **trust_kwargs(args))
     out.line(f"destroyed pool '{args.name}'")
-    return {"destroyed": args.name, "num_entries": stats.num_entries}
+    return {"destroyed": args.name, "num_entries": num_entries}
 
 
-def _confirm_destroy(name: str, stats: PoolStats) -> None:
+def _confirm_destroy(name: str, what: str) -> None:
     """Ask on a terminal; elsewhere (a script, a pipe) nobody can answer, so refuse."""
     if not sys.stdin.isatty():
         raise KVCacheError(
             "not destroyed: stdin is not a terminal to confirm on: "
             f"pass --yes to destroy pool '{name}'"
         )
-    answer = input(
-        f"destroy pool '{name}' ({stats.num_entries} entries, "
-        f"{format_size(stats.used_bytes)} used)? [y/N] "
-    )
+    answer = input(f"destroy pool '{name}' ({what})? [y/N] ")
     if answer.strip().lower() not in ("y", "yes"):
         raise KVCacheError("not destroyed: answer y to confirm, or pass --yes")
 
