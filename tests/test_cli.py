@@ -384,12 +384,16 @@ def test_bug_destroy_without_a_terminal_destroyed_without_asking(names):
     assert name not in kvcache.list_pools()
 
 
-def test_destroy_removes_a_pool_this_kvcache_cannot_read(names):
+def test_destroy_removes_a_pool_this_kvcache_cannot_read(names, home):
     """A pool of an older format (or with a damaged header) cannot be opened, and the
-    error says so: destroying it must still work, after asking, from the command line."""
+    error says so: destroying it must still work, after asking, from the command line;
+    then the upgrade of docs/operations.md restores what was persisted before."""
     older, damaged = names(), names()
     for name in (older, damaged):
         cortex_json("create", name, "--size", "1M", "--inline-bytes", "64")
+    with kvcache.open(older) as pool:
+        pool.update({"small": b"s" * 10, "large": b"l" * 5000})
+    assert cortex("persist", older).returncode == 0
     set_format_version(kvcache.segment.segment_path(older), 11)  # slots, counted by none
     set_format_version(kvcache.segment.segment_path(damaged), 99)
     result = cortex("status", older)
@@ -401,6 +405,9 @@ def test_destroy_removes_a_pool_this_kvcache_cannot_read(names):
     assert json.loads(result.stdout)["num_entries"] == 0
     assert older not in kvcache.list_pools() and damaged not in kvcache.list_pools()
     assert not os.path.exists(kvcache.segment.segment_path(older))
+    assert cortex("restore", older).returncode == 0
+    with kvcache.open(older) as pool:
+        assert dict(pool) == {"small": b"s" * 10, "large": b"l" * 5000}
 
 
 def test_persist_on_a_terminal_draws_progress_and_succeeds(names, home):
