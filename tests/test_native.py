@@ -163,9 +163,16 @@ print("clean")
 """
 
 
-def run_sanitized(tmp_path: Path, source_name: str, driver_code: str, **env: str) -> None:
-    """Build ``_native/<source_name>.c`` with -fsanitize=address,undefined and run
-    ``driver_code`` with the build's path as its argument; it must print "clean"."""
+def run_sanitized(
+    tmp_path: Path,
+    source_name: str,
+    driver_code: str,
+    defines: tuple[str, ...] = (),
+    **env: str,
+) -> None:
+    """Build ``_native/<source_name>.c`` with -fsanitize=address,undefined (and
+    ``defines``, each -DNAME) and run ``driver_code`` with the build's path as its
+    argument; it must print "clean"."""
     import sysconfig
 
     source = Path(native.__file__).parent / "_native" / f"{source_name}.c"
@@ -180,6 +187,7 @@ def run_sanitized(tmp_path: Path, source_name: str, driver_code: str, **env: str
             "-shared",
             "-fPIC",
             f"-I{sysconfig.get_paths()['include']}",
+            *(f"-D{name}" for name in defines),
             str(source),
             "-o",
             str(library),
@@ -208,9 +216,13 @@ def run_sanitized(tmp_path: Path, source_name: str, driver_code: str, **env: str
 
 
 @compiled
-def test_the_extension_is_clean_under_address_sanitizer(tmp_path: Path) -> None:
-    """Built with -fsanitize=address and driven over every edge of its stretch loop."""
-    run_sanitized(tmp_path, "copysum", ASAN_DRIVER)
+@pytest.mark.parametrize("defines", [(), ("KVCACHE_NO_AVX2",)], ids=["best", "sse2"])
+def test_the_extension_is_clean_under_address_sanitizer(
+    tmp_path: Path, defines: tuple[str, ...]
+) -> None:
+    """Built with -fsanitize=address and driven over every edge of its stretch loop, with
+    the streamed copy the CPU picks and with the SSE2 one every x86-64 has."""
+    run_sanitized(tmp_path, "copysum", ASAN_DRIVER, defines)
 
 
 LOOKUP_ASAN_DRIVER = """
