@@ -435,12 +435,14 @@ def pure_python_ops(size: int, count: int, settings: Settings) -> dict[str, floa
 
 
 THROUGHPUT_GOALS: dict[tuple[str, int], tuple[str, Callable[[float, float], bool]]] = {
-    ("put", 4 * KiB): (">= 50,000 op/s", lambda ops, ratio: ops >= 50_000),
-    ("get", 4 * KiB): (">= 100,000 op/s", lambda ops, ratio: ops >= 100_000),
+    # the compiled engine's goals: a small operation in at most 3 us, a large one at
+    # 90% of the raw copy with checksums both ways (docs/performance.md)
+    ("put", 4 * KiB): ("<= 3 us (333k op/s)", lambda ops, ratio: ops >= 1e6 / 3),
+    ("get", 4 * KiB): ("<= 3 us (333k op/s)", lambda ops, ratio: ops >= 1e6 / 3),
 }
 for _size in (MiB, 16 * MiB):
     for _op in ("put", "get_into"):
-        THROUGHPUT_GOALS[(_op, _size)] = (">= 0.70 x raw", lambda ops, ratio: ratio >= 0.70)
+        THROUGHPUT_GOALS[(_op, _size)] = (">= 0.90 x raw", lambda ops, ratio: ratio >= 0.90)
 
 
 def throughput_row(
