@@ -35,10 +35,10 @@
 #include <immintrin.h>
 /* Streamed stores write whole cache lines only: a line written in part by them and in
  * part by plain stores is read from memory for the plain ones and flushed in pieces by
- * the streamed ones. So the bytes before the
- * first line boundary go by memcpy (and copy_summing ends its stretches on a line). A
- * key of 2 bytes, leaving the value 2 bytes past a line's start, made a 1 MiB put 20%
- * slower when the copy only aligned its target to 16 bytes (docs/performance.md). */
+ * the streamed ones. So the bytes before the first line boundary go by memcpy (and
+ * copy_summing ends its stretches on a line). A key of 2 bytes, leaving the value 2
+ * bytes past a line's start, made a 1 MiB put 20% slower when the copy only aligned its
+ * target to 16 bytes (docs/performance.md, "Copy and checksum in one pass"). */
 static size_t copy_to_line(char **to, const char **from, size_t length) {
     size_t skew = (64 - ((uintptr_t)*to & 63)) & 63;
     if (skew > length) skew = length;

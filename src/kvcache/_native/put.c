@@ -94,8 +94,8 @@ static int removable(const Finder *f, const char *map, int64_t eid, int64_t lo) 
 
 /* Whether Table.remove of entry ``old`` (not in a queue or tree) reads only words in
  * range: its index slot, its place in the live list, its page chain's ends and the page
- * counts it changes (the count of slots held, if it lies in its inline slot); and whether it is READY, as an
- * indexed entry is. */
+ * counts it changes (the count of slots held, if it lies in its inline slot); and
+ * whether it is READY, as an indexed entry is. */
 static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
     const int64_t *w = f->field, n = f->max_entries;
     const char *entry = entry_at(f, map, old), *live = map + f->live_offset;
