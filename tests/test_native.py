@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kvcache
 from kvcache import native, transfer
 
 compiled = pytest.mark.skipif(
@@ -99,6 +102,56 @@ def test_a_streamed_copy_sums_and_copies_as_the_two_passes_do(
 
 
 @compiled
+@pytest.mark.parametrize("size", [100, 256, 4099, 70_000])
+def test_copy_is_exact_at_every_distance_from_its_source(size: int) -> None:
+    """``copy`` (and the sums' copies) take their own loop where the target lies 1-63
+    bytes past the source modulo a page: every distance around that range, exact, and
+    nothing written outside the target."""
+    assert native.copy is not None and native.sum_and_copy is not None
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    source_map, target_map = mmap.mmap(-1, size + 8192), mmap.mmap(-1, size + 8192)
+    source = np.frombuffer(source_map, np.uint8)
+    target = np.frombuffer(target_map, np.uint8)
+    source[5 : 5 + size] = data
+    for distance in [0, 1, 2, 14, 62, 63, 64, 65, 4095]:
+        at = 5 + distance
+        for copy in (
+            lambda out: native.copy([source[5 : 5 + size]], [out]),
+            lambda out: native.sum_and_copy([], [source[5 : 5 + size]], [out]),
+        ):
+            target[:] = 0xEE
+            copy(target[at : at + size])
+            assert np.array_equal(target[at : at + size], data), distance
+            assert (target[:at] == 0xEE).all() and (target[at + size :] == 0xEE).all()
+
+
+@compiled
+@pytest.mark.parametrize("size", [8197, 262147], ids=["compiled put and get", "large"])
+@pytest.mark.parametrize("verify", [False, True])
+def test_values_go_in_and_out_whole_at_every_distance_from_their_pages(
+    make_pool: Callable[..., kvcache.Pool], size: int, verify: bool
+) -> None:
+    """A 2-byte key puts the value 2 bytes into its page; puts from buffers that far
+    before it and get_into into buffers that far past it, modulo a page, 0-70 bytes (the
+    copies' own loop from 1 to 63), give every byte back."""
+    pool = make_pool("8M", page_size="64K")
+    reader = kvcache.open(pool.name, verify_reads=verify)
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    buffer = np.zeros(size + 8192, np.uint8)
+    try:
+        for distance in (0, 1, 13, 14, 40, 63, 64, 70):
+            at = (2 - distance - buffer.ctypes.data) % 4096
+            buffer[at : at + size] = data
+            pool.put("kv", memoryview(buffer[at : at + size]))
+            buffer[:] = 0
+            at = (2 + distance - buffer.ctypes.data) % 4096
+            assert reader.get_into("kv", buffer[at : at + size]) == size
+            assert np.array_equal(buffer[at : at + size], data), distance
+    finally:
+        reader.close()
+
+
+@compiled
 def test_scatter_summed_matches_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(1)
     pieces = (b"key", b"header", rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
@@ -152,6 +205,9 @@ for _ in range(3000):
     assert module.sum_and_join([data[:9]], sources) == (digest, data)
     window[:] = 0
     assert module.sum_and_stream([data[:9]], sources, targets) == digest
+    assert window[: len(data)].tobytes() == data
+    window[:] = 0
+    assert module.copy(sources, targets) is None
     assert window[: len(data)].tobytes() == data
     try:
         module.sum_and_copy([], [data + b"x"], [memoryview(window)[: len(data)]])

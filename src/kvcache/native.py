@@ -54,6 +54,12 @@ sum_and_join: SumAndJoin | None = _compiled("_copysum", "sum_and_join")
 ``stream``) into a new ``bytes``, answered with the sum as ``(sum, bytes)`` (None: not built,
 or ``KVCACHE_PURE_PYTHON`` is set)."""
 
+copy: Callable[[Sequence[Any], Sequence[Any]], None] | None = _compiled("_copysum", "copy")
+"""``copy(sources, targets)``: ``sources`` back to back into ``targets``, without the
+sum, and without memcpy's slow case where a target lies a few bytes past its source
+modulo a page (``_native/copybytes.h``); the GIL is released for large copies (None: not
+built, or ``KVCACHE_PURE_PYTHON`` is set)."""
+
 Finder: Any = _compiled("_lookup", "Finder")
 """``kvcache._lookup.Finder``, a get's hit in C (built for one segment by
 ``kvcache.fastpath``); None: not built, or ``KVCACHE_PURE_PYTHON`` is set."""

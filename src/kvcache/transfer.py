@@ -148,6 +148,9 @@ def read_exactly(fd: int, target: memoryview, offset: int) -> None:
 
 def scatter(targets: list[memoryview], pieces: tuple[bytes | memoryview, ...]) -> None:
     """Copy ``pieces`` back to back into ``targets``, windows at least as long in total."""
+    if native.copy is not None:
+        native.copy(pieces, targets)
+        return
     if len(targets) == 1:  # adjacent pages (always, for values of one page): plain slices
         window, offset = targets[0], 0
         for piece in pieces:
@@ -170,11 +173,15 @@ def scatter(targets: list[memoryview], pieces: tuple[bytes | memoryview, ...]) -
 
 UNLOCKED_COPY_BYTES = 1 << 20
 """From this size up a piece is copied by numpy, which lets other threads run meanwhile
-(a memoryview assignment holds the GIL): ``prefix.fetch`` copies chunks in parallel."""
+(a memoryview assignment holds the GIL): ``prefix.fetch`` copies chunks in parallel.
+(``native.copy``, where it is built, lets them run from 64 KiB up.)"""
 
 
 def copy_into(target: memoryview, sources: list[memoryview]) -> None:
     """Copy ``sources`` back to back into the start of ``target``."""
+    if native.copy is not None:
+        native.copy(sources, (target,))
+        return
     offset = 0
     for source in sources:
         end = offset + len(source)

@@ -9,6 +9,8 @@
 #include <Python.h>
 #include <string.h>
 
+#include "copybytes.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 /* xxhash inline, and XXH3_64bits_update picking SSE2, AVX2 or AVX-512 at run time */
 #include "xxh_x86dispatch.c"
@@ -138,8 +140,8 @@ static int acquire(PyObject *sequence, int writable, Buffers *out, Py_ssize_t *t
     return 0;
 }
 
-/* Sum ``sources`` while copying them back to back into ``targets`` (with ``stream``,
- * round the cache: copy_streaming). */
+/* Sum ``sources`` (into ``state``; NULL: no sum) while copying them back to back into
+ * ``targets`` (with ``stream``, round the cache: copy_streaming). */
 static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buffers *targets,
                          int stream) {
     Py_ssize_t t = 0, filled = 0;
@@ -157,9 +159,9 @@ static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buff
             char *to = (char *)targets->views[t].buf + filled;
             if (stream && take == STRETCH && take < left && take < room) /* end on a line */
                 take -= (Py_ssize_t)((uintptr_t)(to + take) & 63);
-            XXH3_64bits_update(state, from, (size_t)take);
+            if (state != NULL) XXH3_64bits_update(state, from, (size_t)take);
             if (stream) copy_streaming(to, from, (size_t)take);
-            else memcpy(to, from, (size_t)take);
+            else copy_bytes(to, from, (size_t)take);
             from += take;
             left -= take;
             filled += take;
@@ -192,6 +194,26 @@ PyDoc_STRVAR(sum_and_copy_doc,
 "must hold at least as many bytes) in the same pass. The GIL is released while\n"
 "large copies run.");
 
+/* Buffers of ``sources`` and of the writable ``targets``, which must hold at least as
+ * many bytes: the bytes to copy, or -1 with an exception set (and nothing held). */
+static Py_ssize_t acquire_copy(PyObject *source_list, PyObject *target_list, Buffers *sources,
+                               Buffers *targets) {
+    Py_ssize_t source_bytes, target_bytes;
+    if (acquire(source_list, 0, sources, &source_bytes) < 0) return -1;
+    if (acquire(target_list, 1, targets, &target_bytes) < 0) {
+        release(sources);
+        return -1;
+    }
+    if (target_bytes < source_bytes) {
+        PyErr_Format(PyExc_ValueError, "targets hold %zd bytes, fewer than the %zd to copy",
+                     target_bytes, source_bytes);
+        release(sources);
+        release(targets);
+        return -1;
+    }
+    return source_bytes;
+}
+
 /* sum_and_copy and sum_and_stream: ``stream`` copies round the cache from STREAM_BYTES. */
 static PyObject *sum_into(PyObject *const *args, Py_ssize_t nargs, int stream) {
     if (nargs != 3) {
@@ -199,16 +221,10 @@ static PyObject *sum_into(PyObject *const *args, Py_ssize_t nargs, int stream) {
         return NULL;
     }
     Buffers summed = {0}, sources = {0}, targets = {0};
-    Py_ssize_t summed_bytes, source_bytes, target_bytes;
+    Py_ssize_t summed_bytes, source_bytes;
     PyObject *result = NULL;
     if (acquire(args[0], 0, &summed, &summed_bytes) < 0) return NULL;
-    if (acquire(args[1], 0, &sources, &source_bytes) < 0) goto done;
-    if (acquire(args[2], 1, &targets, &target_bytes) < 0) goto done;
-    if (target_bytes < source_bytes) {
-        PyErr_Format(PyExc_ValueError, "targets hold %zd bytes, fewer than the %zd to copy",
-                     target_bytes, source_bytes);
-        goto done;
-    }
+    if ((source_bytes = acquire_copy(args[1], args[2], &sources, &targets)) < 0) goto done;
     XXH64_hash_t digest = sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets,
                                       stream && source_bytes >= STREAM_BYTES);
     result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
@@ -268,7 +284,31 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(copy_doc,
+"copy(sources, targets) -> None\n\n"
+"Copy ``sources`` back to back into the writable ``targets``, as ``sum_and_copy``\n"
+"does but without the sum (a read that does not verify), and without memcpy's slow\n"
+"case (copybytes.h). The GIL is released while large copies run.");
+
+static PyObject *copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "copy takes sources and targets");
+        return NULL;
+    }
+    Buffers sources = {0}, targets = {0};
+    Py_ssize_t source_bytes = acquire_copy(args[0], args[1], &sources, &targets);
+    if (source_bytes < 0) return NULL;
+    PyThreadState *saved = source_bytes >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+    copy_summing(NULL, &sources, &targets, 0);
+    if (saved != NULL) PyEval_RestoreThread(saved);
+    release(&sources);
+    release(&targets);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"copy", (PyCFunction)(void (*)(void))copy, METH_FASTCALL, copy_doc},
     {"sum_and_copy", (PyCFunction)(void (*)(void))sum_and_copy, METH_FASTCALL, sum_and_copy_doc},
     {"sum_and_join", (PyCFunction)(void (*)(void))sum_and_join, METH_FASTCALL, sum_and_join_doc},
     {"sum_and_stream", (PyCFunction)(void (*)(void))sum_and_stream, METH_FASTCALL,

@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "copybytes.h"
 #include "lockword.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -386,7 +387,7 @@ static int gather(const Finder *f, const char *map, int64_t first, int64_t num_p
             if (state != NULL) XXH3_64bits_update(state, from, (size_t)step);
             if (at + step > start) {
                 int64_t skip = start > at ? start - at : 0;
-                memcpy(out + (at + skip - start), from + skip, (size_t)(step - skip));
+                copy_bytes(out + (at + skip - start), from + skip, (size_t)(step - skip));
             }
             at += step;
         }

@@ -285,7 +285,7 @@ static void scatter(const Finder *f, char *map, int64_t first, const Py_buffer *
             int64_t step = f->page_size - filled < left ? f->page_size - filled : left;
             step = step < STRETCH ? step : STRETCH;
             XXH3_64bits_update(state, from, (size_t)step);
-            memcpy(data + page * f->page_size + filled, from, (size_t)step);
+            copy_bytes(data + page * f->page_size + filled, from, (size_t)step);
             from += step;
             filled += step;
             left -= step;
