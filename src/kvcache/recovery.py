@@ -377,10 +377,9 @@ def inspect(parts: Parts) -> tuple[list[str], list[int]]:
         problems.append(
             f"used pages counter is {h[H.used_pages]}, entries hold {int(survey.owned.sum())}"
         )
-    if h[H.used_slots] != _slots_held(v, survey.keep):
-        problems.append(
-            f"used slots counter is {h[H.used_slots]}, entries hold {_slots_held(v, survey.keep)}"
-        )
+    slots = _slots_held(v, survey.keep)
+    if h[H.used_slots] != slots:
+        problems.append(f"used slots counter is {h[H.used_slots]}, entries hold {slots}")
     expected_free = set(np.flatnonzero(~survey.owned[: survey.fresh_pages]).tolist())
     free = _walk_free_list(v, len(expected_free))
     if free != expected_free:

@@ -58,9 +58,10 @@ def evict(
     with store.lock:
         held = table.held_bytes()
         num_expired = evictor.tidy(force=True)
-        freed = held - table.held_bytes()  # expired entries' and dead writers' pages and slots
+        remaining = table.held_bytes()
+        freed = held - remaining  # expired entries' and dead writers' pages and slots
         if percent is not None:
-            target_bytes = math.ceil(table.held_bytes() * percent / 100)
+            target_bytes = math.ceil(remaining * percent / 100)
         if freed >= target_bytes:
             return EvictionResult(0, num_expired, freed)
         ranked = evictor.rank_all()
