@@ -52,18 +52,7 @@ static size_t copy_to_line(char **to, const char **from, size_t length) {
 
 static void copy_streaming_sse2(char *to, const char *from, size_t length) {
     length = copy_to_line(&to, &from, length);
-    size_t done = 0;
-    for (; done + 64 <= length; done += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(from + done));
-        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(from + done + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(from + done + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(from + done + 48));
-        _mm_stream_si128((__m128i *)(void *)(to + done), a);
-        _mm_stream_si128((__m128i *)(void *)(to + done + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(to + done + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(to + done + 48), d);
-    }
-    memcpy(to + done, from + done, length - done);
+    copy_blocks_sse2(to, from, length, 1);
 }
 
 /* Two 32-byte loads and stores per line instead of four: 5-10% faster here. */
@@ -154,7 +143,9 @@ static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buff
                 filled = 0;
             }
             Py_ssize_t room = targets->views[t].len - filled;
-            Py_ssize_t take = left < STRETCH ? left : STRETCH;
+            /* stretches keep what the sum just read in L1 for the copy; with no sum, a
+             * piece goes in one copy (as one memcpy of 1 MiB beats 64 of 16 KiB) */
+            Py_ssize_t take = state != NULL && left > STRETCH ? STRETCH : left;
             if (take > room) take = room;
             char *to = (char *)targets->views[t].buf + filled;
             if (stream && take == STRETCH && take < left && take < room) /* end on a line */
