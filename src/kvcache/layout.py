@@ -53,6 +53,7 @@ slots follow the pages, so one view of the data region reaches both.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -520,7 +521,9 @@ class Views:
         for name in list(vars(self)):
             view = getattr(self, name)
             if isinstance(view, memoryview):
-                view.release()
+                # a compiled read copying without the GIL holds it: it goes when that ends
+                with contextlib.suppress(BufferError):
+                    view.release()
         self.__dict__.clear()
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 SumAndCopy = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], int]
-SumAndJoin = Callable[[Sequence[Any], Sequence[Any], bool], tuple[int, bytes]]
+SumAndJoin = Callable[[Sequence[Any], Sequence[Any]], tuple[int, bytes]]
 
 
 def _forced_pure() -> bool:
@@ -50,9 +50,8 @@ soon (a put's pages): from 64 KiB up the copy goes round the CPU's cache (None: 
 or ``KVCACHE_PURE_PYTHON`` is set)."""
 
 sum_and_join: SumAndJoin | None = _compiled("_copysum", "sum_and_join")
-"""``sum_and_join(summed, sources, stream)``: ``sum_and_copy`` (``sum_and_stream`` with
-``stream``) into a new ``bytes``, answered with the sum as ``(sum, bytes)`` (None: not built,
-or ``KVCACHE_PURE_PYTHON`` is set)."""
+"""``sum_and_join(summed, sources)``: ``sum_and_copy`` into a new ``bytes``, answered with
+the sum as ``(sum, bytes)`` (None: not built, or ``KVCACHE_PURE_PYTHON`` is set)."""
 
 copy: Callable[[Sequence[Any], Sequence[Any]], None] | None = _compiled("_copysum", "copy")
 """``copy(sources, targets)``: ``sources`` back to back into ``targets``, without the

@@ -89,8 +89,7 @@ class Payload:
         """The bytes as one ``bytes`` (summed as they are copied, for a verifying reader)."""
         if self.fd < 0:
             if self.summed_first is not None and native.sum_and_join is not None:
-                large = self.nbytes > ONE_PASS_MAX_BYTES
-                self.digest, joined = native.sum_and_join(self.summed_first, self.views, large)
+                self.digest, joined = native.sum_and_join(self.summed_first, self.views)
                 return joined
             return b"".join(self.views)
         parts = [pread_exactly(self.fd, n, offset) for offset, n in self.file_spans]
@@ -101,10 +100,8 @@ class Payload:
     def copy_into(self, target: memoryview) -> None:
         """Copy the bytes to the start of ``target``, which is at least as long."""
         if self.fd < 0:
-            large = self.nbytes > ONE_PASS_MAX_BYTES
-            one_pass = native.sum_and_stream if large else native.sum_and_copy
-            if self.summed_first is not None and one_pass is not None:
-                self.digest = one_pass(self.summed_first, self.views, (target,))
+            if self.summed_first is not None and native.sum_and_copy is not None:
+                self.digest = native.sum_and_copy(self.summed_first, self.views, (target,))
             else:
                 copy_into(target, self.views)
             return
@@ -229,22 +226,6 @@ def checksum(
     return digest.intdigest()
 
 
-ONE_PASS_MAX_BYTES = 2 << 20
-"""Up to this size a read's copy is summed in the same pass through the cache (compiled);
-past it the copy is summed in the same pass too, but streamed round the cache
-(``native.sum_and_stream``). Measured on this 2-core VM (benchmarks/bench_copysum.py; puts and
-verified gets of 64 KiB-16 MiB side by side, five runs): one pass gains 2-8% on puts and, from
-memory, 15-20% on the bare copy-and-sum; on a verified 1 MiB get it ranged from 14% slower to
-35% faster. Past about 2 MiB a get through the cache loses clearly to copying whole, then
-summing (0.25 of the raw copy against 0.43 at 16 MiB), because stretch by stretch each target
-line is read before it is written, where a whole large copy streams past the cache. Streamed,
-the one pass is back at the bare copy's speed: 16 MiB values from 128 MiB of sources into a
-16 MiB target, copy 1.35-1.39 ms, summed and streamed 1.39-1.48, summed through the cache
-1.81-2.05, copied whole then summed 1.74-1.81 (``/tmp`` script, three rounds). A target that
-fits the caches (one reused, up to a few MiB) gains from the cache instead: at 1 and 4 MiB the
-pass through it cost 0.97x the bare copy, streamed 1.13-1.16x."""
-
-
 def scatter_summed(
     targets: list[memoryview],
     pieces: tuple[bytes | memoryview, ...],
@@ -253,8 +234,7 @@ def scatter_summed(
     """:func:`scatter` ``pieces`` into ``targets`` and return their :func:`checksum` (with
     ``fields``: flags, key_len, header_len, value_len).
 
-    Compiled, it is one pass at any size: each stretch is summed while it is in
-    the CPU's cache and copied from there, so the caller's bytes are read from
+    Compiled, it is one pass at any size, so the caller's bytes are read from
     memory once, and from 64 KiB up the copy goes round the cache
     (``native.sum_and_stream``), so the pool's pages are not read first.
     """

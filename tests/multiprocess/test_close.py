@@ -169,3 +169,36 @@ def test_close_waits_for_the_thread_inside_the_lock(make_pool, pool_name):
     holder.join(timeout=JOIN_TIMEOUT_S)
     assert holder.outcome == "returned" and seen == [1]
     _assert_all_refused(threads, pool_name)
+
+
+def test_close_beside_threads_copying_large_values_without_the_lock(make_pool):
+    """A compiled get of a large value copies without the lock and without the GIL,
+    holding the pool's mapping: close() beside such readers neither fails nor takes the
+    mapping from under them, and each reader gets whole values until PoolClosedError."""
+    pool = make_pool("16M")
+    value = bytes(range(256)) * 4096  # 1 MiB: copied with the GIL released
+    pool.put("big", value)
+    outcomes: list[str] = []
+    reading = threading.Barrier(4)
+
+    def read() -> None:
+        reading.wait(timeout=JOIN_TIMEOUT_S)
+        try:
+            while True:
+                if pool.get("big") != value:
+                    outcomes.append("a torn or missing value")
+                    return
+        except kvcache.PoolClosedError:
+            outcomes.append("refused")
+        except BaseException as exc:
+            outcomes.append(repr(exc))
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    reading.wait(timeout=JOIN_TIMEOUT_S)
+    time.sleep(0.2)  # all three copying, round and round
+    pool.close()
+    for reader in readers:
+        reader.join(timeout=JOIN_TIMEOUT_S)
+    assert outcomes == ["refused"] * 3

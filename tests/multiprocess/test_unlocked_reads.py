@@ -135,7 +135,7 @@ def _churned(pool, size: int, verify: str, reader: str) -> dict[str, int]:
 
 
 @needs_unlocked
-@pytest.mark.parametrize("size", [4096, 65536])
+@pytest.mark.parametrize("size", [4096, 65536, 1 << 20])  # 1 MiB: copied without the GIL
 def test_a_reader_without_the_lock_never_returns_a_torn_value(make_pool, size) -> None:
     """Beside a writer reusing the entries and pages it reads, every value a compiled
     reader gets is whole, checked by the generation alone (values unverified). The same

@@ -1,6 +1,5 @@
-/* Copy and checksum in one pass: each stretch is summed while it is in the CPU's
- * cache, then copied from there, so a value's bytes cross the memory bus once on
- * the way in and once on the way out, instead of once more for the sum.
+/* Copy and checksum in one pass (sumcopy.h), so a value's bytes cross the memory bus
+ * once on the way in and once on the way out, instead of once more for the sum.
  *
  * The sum is XXH3-64 over the same bytes, in the same order, as kvcache.transfer's
  * pure-Python path (the xxhash module), so a pool written by either is read by both.
@@ -9,28 +8,14 @@
 #include <Python.h>
 #include <string.h>
 
-#include "copybytes.h"
+#include "sumcopy.h" /* xxhash, copy_bytes, and sum_copy: the copy riding in the sum */
 
-#if defined(__x86_64__) || defined(__i386__)
-/* xxhash inline, and XXH3_64bits_update picking SSE2, AVX2 or AVX-512 at run time */
-#include "xxh_x86dispatch.c"
-#include "xxh_x86dispatch.h"
-#else
-#define XXH_INLINE_ALL /* NEON on aarch64, chosen when compiling */
-#include "xxhash.h"
-#endif
-
-/* Bytes summed and then copied per step: small enough to stay in L1 between the sum
- * and the copy, large enough that each step's call costs are noise. */
-#ifndef STRETCH
-#define STRETCH ((Py_ssize_t)16384)
-#endif
 /* From this many bytes up a copy into the pool's pages goes round the cache
  * (non-temporal stores): the sum has just read each stretch into the cache, and
  * writing through it would read every target line from memory first and evict the
  * source; a value this large is not read back soon by the process that put it.
- * Measured on 1 MiB values: summing and streaming takes about as long as a plain
- * memcpy, summing and copying through the cache 1.1-1.7x as long (docs/performance.md). */
+ * Measured from memory: summing and streaming 1.15-1.20x the speed of a plain copy, the
+ * one pass through the cache (sum_copy) 1.03-1.07x (docs/performance.md). */
 #define STREAM_BYTES ((Py_ssize_t)65536)
 
 #if defined(__x86_64__)
@@ -130,9 +115,11 @@ static int acquire(PyObject *sequence, int writable, Buffers *out, Py_ssize_t *t
 }
 
 /* Sum ``sources`` (into ``state``; NULL: no sum) while copying them back to back into
- * ``targets`` (with ``stream``, round the cache: copy_streaming). */
+ * ``targets``: each piece in one pass (sum_copy), or with ``stream`` (which sums) round
+ * the cache, stretch by stretch, each summed and then streamed from L1. */
 static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buffers *targets,
                          int stream) {
+    const Py_ssize_t stretch = (Py_ssize_t)STRETCH;
     Py_ssize_t t = 0, filled = 0;
     for (Py_ssize_t s = 0; s < sources->count; s++) {
         const char *from = sources->views[s].buf;
@@ -143,16 +130,23 @@ static void copy_summing(XXH3_state_t *state, const Buffers *sources, const Buff
                 filled = 0;
             }
             Py_ssize_t room = targets->views[t].len - filled;
-            /* stretches keep what the sum just read in L1 for the copy; with no sum, a
-             * piece goes in one copy (as one memcpy of 1 MiB beats 64 of 16 KiB) */
-            Py_ssize_t take = state != NULL && left > STRETCH ? STRETCH : left;
+            Py_ssize_t take = stream && left > stretch ? stretch : left;
             if (take > room) take = room;
             char *to = (char *)targets->views[t].buf + filled;
-            if (stream && take == STRETCH && take < left && take < room) /* end on a line */
+            if (stream && take == stretch && take < left && take < room) /* end on a line */
                 take -= (Py_ssize_t)((uintptr_t)(to + take) & 63);
-            if (state != NULL) XXH3_64bits_update(state, from, (size_t)take);
-            if (stream) copy_streaming(to, from, (size_t)take);
-            else copy_bytes(to, from, (size_t)take);
+            if (stream) {
+                XXH3_64bits_update(state, from, (size_t)take);
+                copy_streaming(to, from, (size_t)take);
+            } else if (state != NULL) {
+                /* what it copies next: the rest of this source, or the next one */
+                const Py_buffer *next = take < left ? NULL
+                    : s + 1 < sources->count ? &sources->views[s + 1] : NULL;
+                sum_copy(state, from, to, (size_t)take, next ? next->buf : from + take,
+                         (size_t)(next ? next->len : left - take));
+            } else {
+                copy_bytes(to, from, (size_t)take);
+            }
             from += take;
             left -= take;
             filled += take;
@@ -242,19 +236,16 @@ static PyObject *sum_and_stream(PyObject *module, PyObject *const *args, Py_ssiz
 }
 
 PyDoc_STRVAR(sum_and_join_doc,
-"sum_and_join(summed, sources, stream=False) -> (int, bytes)\n\n"
+"sum_and_join(summed, sources) -> (int, bytes)\n\n"
 "As ``sum_and_copy``, into a new ``bytes`` holding ``sources`` back to back: a read\n"
-"of a plain value summed in the pass that copies it out; with ``stream``, as\n"
-"``sum_and_stream`` (for a value larger than the CPU's caches).");
+"of a plain value summed in the pass that copies it out.");
 
 static PyObject *sum_and_join(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 && nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "sum_and_join takes summed, sources and stream");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sum_and_join takes summed and sources");
         return NULL;
     }
-    int stream = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
-    if (stream < 0) return NULL;
     Buffers summed = {0}, sources = {0};
     Py_ssize_t summed_bytes, source_bytes;
     PyObject *joined = NULL, *result = NULL;
@@ -264,8 +255,8 @@ static PyObject *sum_and_join(PyObject *module, PyObject *const *args, Py_ssize_
     if (joined == NULL) goto done;
     Py_buffer target = {.buf = PyBytes_AS_STRING(joined), .len = source_bytes};
     Buffers targets = {.views = &target, .count = 1};
-    XXH64_hash_t digest = sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets,
-                                      stream && source_bytes >= STREAM_BYTES);
+    XXH64_hash_t digest =
+        sum_copying(&summed, summed_bytes, &sources, source_bytes, &targets, 0);
     result = Py_BuildValue("(KN)", (unsigned long long)digest, joined);
     joined = NULL; /* Py_BuildValue's "N" took it, or released it on failure */
 done:
@@ -314,5 +305,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__copysum(void) {
     choose_copy();
+    choose_sum_copy();
     return PyModule_Create(&module);
 }

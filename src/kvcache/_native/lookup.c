@@ -38,18 +38,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "copybytes.h"
 #include "lockword.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-/* xxhash inline, its long-input sums picking SSE2, AVX2 or AVX-512 at run time: a
- * verified 64 KiB get sums at twice the speed of the SSE2 build (measured) */
-#include "xxh_x86dispatch.c"
-#include "xxh_x86dispatch.h"
-#else
-#define XXH_INLINE_ALL /* NEON on aarch64, chosen when compiling */
-#include "xxhash.h"
-#endif
+#include "sumcopy.h" /* xxhash, copy_bytes, and sum_copy: the copy riding in the sum */
 
 /* The segment's words are little-endian ("<i8"), read here as native words. */
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -365,14 +355,10 @@ static PyObject *find_hit(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLongLong(found);
 }
 
-/* Bytes summed and then copied per step: the sum leaves them in L1 for the copy. */
-#define STRETCH INT64_C(16384)
-
 /* Copy bytes [start, start + length) of the entry whose page chain begins at ``first``
  * into ``out``; with ``state``, sum bytes [0, start + length) into it in the same pass
- * (each stretch summed, then copied from the cache). 0 unless the whole chain of
- * ``num_pages`` pages lies in the pool (as PageAllocator.runs demands) and holds those
- * bytes. */
+ * (sum_copy). 0 unless the whole chain of ``num_pages`` pages lies in the pool (as
+ * PageAllocator.runs demands) and holds those bytes. */
 static int gather(const Finder *f, const char *map, int64_t first, int64_t num_pages,
                   int64_t start, int64_t length, char *out, XXH3_state_t *state) {
     const char *links = map + f->page_next_offset, *data = map + f->data_offset;
@@ -381,17 +367,21 @@ static int gather(const Finder *f, const char *map, int64_t first, int64_t num_p
         if (page < 0 || page >= f->num_pages) return 0;
         const char *bytes = data + page * f->page_size;
         int64_t page_end = at + f->page_size < end ? at + f->page_size : end;
-        while (at < page_end) {
-            int64_t step = page_end - at < STRETCH ? page_end - at : STRETCH;
-            const char *from = bytes + (at - i * f->page_size);
-            if (state != NULL) XXH3_64bits_update(state, from, (size_t)step);
-            if (at + step > start) {
-                int64_t skip = start > at ? start - at : 0;
-                copy_bytes(out + (at + skip - start), from + skip, (size_t)(step - skip));
-            }
-            at += step;
+        /* the key and codec header, summed but not copied, end on this page or later */
+        int64_t skip = start > at ? (start < page_end ? start : page_end) - at : 0;
+        if (state != NULL && skip > 0) XXH3_64bits_update(state, bytes, (size_t)skip);
+        size_t n = (size_t)(page_end - at - skip);
+        char *to = out + (at + skip - start);
+        int64_t next = load(links, page);
+        if (state != NULL) {
+            int following = i + 1 < num_pages && next >= 0 && next < f->num_pages;
+            sum_copy(state, bytes + skip, to, n, following ? data + next * f->page_size : NULL,
+                     (size_t)(end - page_end));
+        } else {
+            copy_bytes(to, bytes + skip, n);
         }
-        page = load(links, page);
+        at = page_end;
+        page = next;
     }
     return at == end;
 }
@@ -415,8 +405,12 @@ static int copy_entry(const Finder *f, const char *map, int64_t eid, int64_t sta
     }
     if (num_pages == 0) { /* an inline slot, which readable found holds the bytes */
         const char *bytes = map + slot_of(f, eid);
-        if (verify) XXH3_64bits_update(&state, bytes, (size_t)(start + length));
-        memcpy(out, bytes + start, (size_t)length);
+        if (verify) {
+            XXH3_64bits_update(&state, bytes, (size_t)start);
+            sum_copy(&state, bytes + start, out, (size_t)length, NULL, 0);
+        } else {
+            memcpy(out, bytes + start, (size_t)length);
+        }
     } else if (!gather(f, map, first, num_pages, start, length, out, summing)) {
         return -1;
     }
@@ -522,6 +516,9 @@ static PyObject *copy_into(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
+/* From this many bytes up an unlocked read lets other threads run while it copies. */
+#define RELEASE_GIL_BYTES INT64_C(65536)
+
 /* Without the lock: the entry that holds ``key`` now, READY and unexpired, with the
  * generation read before anything else of it; -1 where there is none to read this way
  * (the locked path decides). */
@@ -604,8 +601,12 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
             if (value == NULL) goto done;
             out = PyBytes_AS_STRING(value);
         }
+        /* other threads run while a large value copies: the mapping stays exported */
+        PyThreadState *saved = length >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
         int intact = copy_entry(f, map, eid, start, length, num_pages, out, length <= verify_max);
-        if (!unchanged(f, map, eid, generation)) {
+        int same = unchanged(f, map, eid, generation);
+        if (saved != NULL) PyEval_RestoreThread(saved);
+        if (!same) {
             Py_XDECREF(value);
             continue; /* overtaken: copy it again */
         }
@@ -806,6 +807,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__lookup(void) {
+    choose_sum_copy();
     if (PyType_Ready(&FinderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -268,7 +268,7 @@ static int64_t allocate(const Finder *f, char *map, const Plan *p, int64_t *last
 }
 
 /* Copy ``pieces`` back to back into the chain of pages from ``first`` (allocated just
- * now: every link in range), summing each stretch in ``state`` before copying it. */
+ * now: every link in range), summing them in ``state`` in the same pass (sum_copy). */
 static void scatter(const Finder *f, char *map, int64_t first, const Py_buffer *pieces,
                     int count, XXH3_state_t *state) {
     const char *links = map + f->page_next_offset;
@@ -283,9 +283,8 @@ static void scatter(const Finder *f, char *map, int64_t first, const Py_buffer *
                 filled = 0;
             }
             int64_t step = f->page_size - filled < left ? f->page_size - filled : left;
-            step = step < STRETCH ? step : STRETCH;
-            XXH3_64bits_update(state, from, (size_t)step);
-            copy_bytes(data + page * f->page_size + filled, from, (size_t)step);
+            sum_copy(state, from, data + page * f->page_size + filled, (size_t)step, from + step,
+                     (size_t)(left - step));
             from += step;
             filled += step;
             left -= step;
@@ -420,8 +419,7 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     } else { /* the entry's inline slot, which holds all of it (plan_reserve) */
         char *slot = map + slot_of(f, p->eid);
         for (int i = 0; i < 3; i++) {
-            XXH3_64bits_update(&state, pieces[i].buf, (size_t)pieces[i].len);
-            memcpy(slot, pieces[i].buf, (size_t)pieces[i].len);
+            sum_copy(&state, pieces[i].buf, slot, (size_t)pieces[i].len, NULL, 0);
             slot += pieces[i].len;
         }
     }
