@@ -8,9 +8,10 @@ Run from the repository root::
 
 Why: a put sums a value (XXH3-64, the checksum every read can verify) and copies
 it into the pool. Done as two passes, the caller's bytes come from memory twice;
-in one pass each 16 KiB stretch is summed while it is in the CPU's cache and
-copied from there; a put's copy into the pool from 64 KiB up also goes round the
-cache (non-temporal stores: ``sum_and_stream``), which the last way times.
+in one pass each 64-byte stripe is copied as xxh3 sums it (``_native/sumcopy.h``); a
+put's copy into the pool from 64 KiB up goes round the cache instead (non-temporal
+stores after each 16 KiB stretch is summed: ``sum_and_stream``), which the last way
+times.
 
 Method: each value size copies through a working set larger than the CPU's last
 cache (512 MiB; ``--quick`` 128 MiB), a fresh stretch of source and target per
@@ -30,8 +31,7 @@ The second shows what verifying a read costs (compiled): per value size, one poo
 and ``get_into`` through two handles of this process, one opened with
 ``verify_reads=False`` and one with ``verify_reads=True``, taking turns within each
 repeat; the cost is the median of the per-repeat ratios. By default a pool verifies
-values up to ``kvcache.engine.store.VERIFIED_READ_MAX_BYTES`` (16 KiB), the sizes
-where this table shows it under 10% of a read.
+every read (``verify_reads=False`` opts out): this table is what that costs.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def _small_policy_rates(policy: str, count: int, repeats: int) -> dict[str, dict
     return rates
 
 
-VERIFY_SIZES = (4 << 10, 16 << 10, 64 << 10, 1 << 20, 16 << 20)
+VERIFY_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 VERIFY_OPS = ("get", "get_into")
 
 

@@ -103,8 +103,8 @@ def create(
         mode: file permissions; ``0o600`` keeps the pool private to its user,
             ``0o660`` shares it with the group; execute bits are refused.
         force: accept a ``mode`` that gives other users access (e.g. ``0o666``).
-        verify_reads: which values this handle checks as it reads them: up to 16
-            KiB (None, the default), all (True) or none (False); see :func:`open`.
+        verify_reads: whether this handle checks the values it reads: all (None,
+            the default, or True) or none (False); see :func:`open`.
         spill_to: an existing pool that this one's evicted entries move to
             (see :mod:`kvcache.chain`); recorded in the pool, so every process
             that opens it follows the same chain.
@@ -261,10 +261,11 @@ def open(
     Args:
         verify_reads: check each value read against the checksum written with
             it; a damaged entry is dropped, counted (``stats().damaged``) and read
-            as a miss. None, the default, checks values of up to 16 KiB, where
-            the hash costs under 10% of a read; True checks every value (+16-63%
-            on a 1-16 MiB read); False none (see docs/performance.md). Disk pools
-            check every value whatever this says.
+            as a miss. None, the default, and True check every value (about a
+            tenth of a read, summed in the pass that copies it); True also sums
+            entries moved whole (persist, tier moves) on their way out; False
+            checks none (see docs/performance.md). Disk pools check every value
+            whatever this says.
         trust_owner: also accept a pool owned by this user (name or uid), e.g. a
             colleague's pool shared with ``mode=0o660``. Pools of other users
             are refused by default: their owner can read and change every value

@@ -42,7 +42,7 @@ class Handles:
     """How the handles of one open are made, for every pool of its chain alike."""
 
     trust: owners.Trust
-    verify_reads: bool | None = None  # None: small values (see kvcache.open)
+    verify_reads: bool | None = None  # None: every value read (see kvcache.open)
     clock: Callable[[], float] = time.time
     rng: np.random.Generator | None = None
     remote: RemoteLink | None = None  # the top pool's: the bottom one demotes to it

@@ -11,8 +11,9 @@ copies without it, and publishes under it; a read of such a value records the en
 under the lock, copies without it, and accepts the copy only if the
 generation is unchanged (a seqlock), retrying otherwise. Smaller values are
 copied under the lock, which is cheaper than locking twice, except a compiled
-get's plain hit, which takes no lock at all (``kvcache._lookup``'s ``read``:
-the same seqlock, in C).
+get's plain hit of any size, which takes no lock at all (``kvcache._lookup``'s
+``read``: the same seqlock, in C, letting other threads run while a large value
+copies).
 
 The interface, each call taking the lock itself:
 
@@ -66,12 +67,6 @@ way out (with their key and codec header): a 64 KiB memcpy (~5 us) costs less th
 second lock round trip the seqlock path needs."""
 READ_ATTEMPTS = 4
 """A large read overtaken by concurrent eviction this many times is a miss."""
-VERIFIED_READ_MAX_BYTES = 16 << 10
-"""By default a read sums values up to 16 KiB against their checksum: there it costs under
-10% of a get or get_into (compiled, summed in the copy's pass: +1-2% at 4 KiB, +5-8% at
-16 KiB), and from 32 KiB up it costs more (+6-14% at 32-64 KiB, +16-44% at 1 MiB, +55-63%
-at 16 MiB: xxh3 runs at only about twice the speed of the copy), measured with
-benchmarks/bench_copysum.py (docs/performance.md)."""
 
 Copied = TypeVar("Copied")
 Fill = Callable[[list[memoryview]], "int | None"]
@@ -85,8 +80,9 @@ class Store:
         seg: the mapped segment.
         config: the pool's configuration, as its header records it.
         geometry: where each region lies in the segment.
-        verify_reads: sum every value read against its checksum (True; always, on disk),
-            none (False), or values up to ``VERIFIED_READ_MAX_BYTES`` (None).
+        verify_reads: sum every value read against its checksum (True or None, the
+            default; always, on disk), or none (False); True also sums each entry moved
+            whole (tiers, snapshots), which otherwise carries its sum to where it lands.
         observe: read only, holding no process slot.
         clock: wall-clock seconds (expiry); tests inject their own.
         rng: the eviction sampler's random source.
@@ -112,7 +108,8 @@ class Store:
         self.segment = seg
         self.on_disk = seg.on_disk
         self.observing = observe
-        self.verify_reads = verify_reads is True or seg.on_disk  # see kvcache.durable
+        self.verify_reads = verify_reads is not False or seg.on_disk  # see kvcache.durable
+        self.verify_moves = verify_reads is True or seg.on_disk
         """Whether every value read is summed against its checksum."""
         self.clock = clock
         views = self.views = Views(seg.buffer, geometry)
@@ -157,14 +154,8 @@ class Store:
         self._pages_for = geometry.pages_for
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
-        self.verify_max_bytes = (
-            self.max_bytes
-            if self.verify_reads
-            else 0
-            if verify_reads is False
-            else VERIFIED_READ_MAX_BYTES
-        )
-        """The largest value a read sums against its checksum."""
+        self.verify_max_bytes = self.max_bytes if self.verify_reads else 0
+        """The largest value a read sums against its checksum (the compiled read's limit)."""
         try:
             if observe:
                 with self.lock:  # a file retired meanwhile raises here: open looks again
@@ -233,7 +224,7 @@ class Store:
                         key_bytes,
                         self.clock(),
                         into,
-                        INLINE_COPY_MAX_BYTES,
+                        self.max_bytes,
                         self.verify_max_bytes,
                     )
                 except (AttributeError, ValueError):

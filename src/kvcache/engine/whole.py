@@ -118,11 +118,11 @@ def remove_entry(store: Store, ref: EntryRef, *, count_as: int = -1) -> bool:
 def confirm(store: Store, ref: EntryRef, entry: StoredEntry, views: list[memoryview]) -> bool:
     """Whether the bytes copied from ``views`` (:meth:`read_entry`'s) are entry ``ref``'s.
 
-    False if the entry changed meanwhile; with ``verify_reads``, also if its
-    bytes fail their checksum (summed here, without the lock), in which case
-    the damaged entry is dropped and counted.
+    False if the entry changed meanwhile; with ``verify_reads=True`` (or on disk),
+    also if its bytes fail their checksum (summed here, without the lock), in
+    which case the damaged entry is dropped and counted.
     """
-    intact = not store.verify_reads or entry.checksum == transfer.checksum(
+    intact = not store.verify_moves or entry.checksum == transfer.checksum(
         views, entry.flags, len(entry.key), entry.header_len, entry.value_len
     )
     with store.lock:

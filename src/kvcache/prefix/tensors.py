@@ -32,9 +32,9 @@ value at the start of the space it is given, so a header would land in the
 middle of the tokens; a trailer lands where the next chunk goes and is read
 before that chunk overwrites it (the last chunk needs 64 bytes of slack).
 
-Why a checksum of its own: the pool's per-entry checksum is verified on read
-by default only for values of up to 16 KiB (``verify_reads=True`` for all: a
-hash of every value read, all the time), while this one also covers the
+Why a checksum of its own: the pool's per-entry checksum (verified on every
+read unless a pool is opened with ``verify_reads=False``) says the bytes are
+the ones their writer put, while this one also covers the
 trailer fields a reader predicts (the chunk's position and namespace), so a
 chunk damaged in memory, written by a foreign writer, or filed under the wrong
 key is a miss, never wrong attention.
