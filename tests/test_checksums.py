@@ -95,18 +95,19 @@ def _read_in_a_process(name: str, mode: str, size: int, pure: str) -> list[str]:
 
 
 @pytest.mark.parametrize("pure", ["", "1"], ids=["compiled", "pure-python"])
-# in one page, in several, outside the lock, and a few MiB
-@pytest.mark.parametrize("size", [100, 4096, 200_000, 3_000_000])
+# in one page, in several, outside the lock, a few MiB, and streamed round the cache
+@pytest.mark.parametrize("size", [100, 4096, 200_000, 3_000_000, (16 << 20) + 3])
 def test_a_byte_flipped_in_dev_shm_is_served_unverified_and_a_damaged_miss_verified(
     make_pool: Maker, size: int, pure: str
 ) -> None:
     """The damage is written through the segment's file in /dev/shm, as any process that
     maps the pool could; readers of both engines are separate processes. By default
     every value is verified (a damaged miss), whatever its size."""
-    pool = make_pool("4M", page_size="4K")
+    pool = make_pool("40M" if size > 8 << 20 else "4M", page_size="4K")
     pool.put("k", bytes(range(256)) * (size // 256) + b"t" * (size % 256))
     engine = "pure-python" if pure else "compiled"
-    assert _read_in_a_process(pool.name, "on", size, pure) == [engine, "intact", "intact", "0"]
+    for mode in ("on", "off"):
+        assert _read_in_a_process(pool.name, mode, size, pure) == [engine, "intact", "intact", "0"]
     table = pool._engine.table
     eid = table.find(b"k")
     first_page = table.eq[eid * ENTRY_WORDS + E.first_page]

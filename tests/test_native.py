@@ -126,15 +126,18 @@ def test_copy_is_exact_at_every_distance_from_its_source(size: int) -> None:
 
 
 @compiled
-@pytest.mark.parametrize("size", [8197, 262147], ids=["compiled put and get", "large"])
+@pytest.mark.parametrize(
+    "size", [8197, 262147, (16 << 20) + 3], ids=["compiled put and get", "large", "streamed"]
+)
 @pytest.mark.parametrize("verify", [False, True])
 def test_values_go_in_and_out_whole_at_every_distance_from_their_pages(
     make_pool: Callable[..., kvcache.Pool], size: int, verify: bool
 ) -> None:
     """A 2-byte key puts the value 2 bytes into its page; puts from buffers that far
     before it and get_into into buffers that far past it, modulo a page, 0-70 bytes (the
-    copies' own loop from 1 to 63), give every byte back."""
-    pool = make_pool("8M", page_size="64K")
+    copies' own loop from 1 to 63; from 16 MiB the read streams round the cache, each
+    target line whole), give every byte back."""
+    pool = make_pool("40M" if size > 8 << 20 else "8M", page_size="64K")
     reader = kvcache.open(pool.name, verify_reads=verify)
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     buffer = np.zeros(size + 8192, np.uint8)
@@ -147,6 +150,7 @@ def test_values_go_in_and_out_whole_at_every_distance_from_their_pages(
             at = (2 + distance - buffer.ctypes.data) % 4096
             assert reader.get_into("kv", buffer[at : at + size]) == size
             assert np.array_equal(buffer[at : at + size], data), distance
+        assert reader.get("kv") == data.tobytes()
     finally:
         reader.close()
 

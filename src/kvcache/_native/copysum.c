@@ -18,60 +18,6 @@
  * one pass through the cache (sum_copy) 1.03-1.07x (docs/performance.md). */
 #define STREAM_BYTES ((Py_ssize_t)65536)
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-/* Streamed stores write whole cache lines only: a line written in part by them and in
- * part by plain stores is read from memory for the plain ones and flushed in pieces by
- * the streamed ones. So the bytes before the first line boundary go by memcpy (and
- * copy_summing ends its stretches on a line). A key of 2 bytes, leaving the value 2
- * bytes past a line's start, made a 1 MiB put 20% slower when the copy only aligned its
- * target to 16 bytes (docs/performance.md, "Copy and checksum in one pass"). */
-static size_t copy_to_line(char **to, const char **from, size_t length) {
-    size_t skew = (64 - ((uintptr_t)*to & 63)) & 63;
-    if (skew > length) skew = length;
-    memcpy(*to, *from, skew);
-    *to += skew;
-    *from += skew;
-    return length - skew;
-}
-
-static void copy_streaming_sse2(char *to, const char *from, size_t length) {
-    length = copy_to_line(&to, &from, length);
-    copy_blocks_sse2(to, from, length, 1);
-}
-
-/* Two 32-byte loads and stores per line instead of four: 5-10% faster here. */
-__attribute__((target("avx2"))) static void copy_streaming_avx2(char *to, const char *from,
-                                                                size_t length) {
-    length = copy_to_line(&to, &from, length);
-    size_t done = 0;
-    for (; done + 64 <= length; done += 64) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(from + done));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(from + done + 32));
-        _mm256_stream_si256((__m256i *)(void *)(to + done), a);
-        _mm256_stream_si256((__m256i *)(void *)(to + done + 32), b);
-    }
-    memcpy(to + done, from + done, length - done);
-}
-
-/* The CPU's best, chosen when the module loads (KVCACHE_NO_AVX2: SSE2 always, which the
- * tests build to run both). */
-static void (*copy_streaming)(char *, const char *, size_t) = copy_streaming_sse2;
-
-static void choose_copy(void) {
-#ifndef KVCACHE_NO_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) copy_streaming = copy_streaming_avx2;
-#endif
-}
-/* Streamed stores are ordered by nothing else: fence them before the entry is published. */
-#define STREAMED_STORES_FENCE() _mm_sfence()
-#else
-#define copy_streaming(to, from, length) memcpy(to, from, length)
-#define STREAMED_STORES_FENCE() ((void)0)
-static void choose_copy(void) {}
-#endif
-
 /* Below this many bytes in all the GIL is kept: releasing it costs more than the work. */
 #define RELEASE_GIL_BYTES ((Py_ssize_t)65536)
 

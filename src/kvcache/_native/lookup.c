@@ -355,6 +355,14 @@ static PyObject *find_hit(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLongLong(found);
 }
 
+/* From this many bytes up a read that sums nothing copies round the cache
+ * (copy_streaming): its target is larger than the caches keep, and streamed it is not
+ * read from memory before it is written. An unverified 16 MiB get_into took 0.8-0.9x as
+ * long streamed; a verified one streamed from the sum's stripe loop took 1.2-1.4x as
+ * long as through the cache, so verified reads do not stream (docs/performance.md,
+ * "Verified reads"). */
+#define STREAMED_READ_BYTES (INT64_C(16) << 20)
+
 /* Copy bytes [start, start + length) of the entry whose page chain begins at ``first``
  * into ``out``; with ``state``, sum bytes [0, start + length) into it in the same pass
  * (sum_copy). 0 unless the whole chain of ``num_pages`` pages lies in the pool (as
@@ -363,6 +371,7 @@ static int gather(const Finder *f, const char *map, int64_t first, int64_t num_p
                   int64_t start, int64_t length, char *out, XXH3_state_t *state) {
     const char *links = map + f->page_next_offset, *data = map + f->data_offset;
     int64_t page = first, at = 0, end = start + length;
+    int streamed = state == NULL && length >= STREAMED_READ_BYTES;
     for (int64_t i = 0; i < num_pages; i++) {
         if (page < 0 || page >= f->num_pages) return 0;
         const char *bytes = data + page * f->page_size;
@@ -377,12 +386,15 @@ static int gather(const Finder *f, const char *map, int64_t first, int64_t num_p
             int following = i + 1 < num_pages && next >= 0 && next < f->num_pages;
             sum_copy(state, bytes + skip, to, n, following ? data + next * f->page_size : NULL,
                      (size_t)(end - page_end));
+        } else if (streamed) {
+            copy_streaming(to, bytes + skip, n);
         } else {
             copy_bytes(to, bytes + skip, n);
         }
         at = page_end;
         page = next;
     }
+    if (streamed) STREAMED_STORES_FENCE();
     return at == end;
 }
 
@@ -807,6 +819,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__lookup(void) {
+    choose_copy();
     choose_sum_copy();
     if (PyType_Ready(&FinderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
