@@ -233,7 +233,10 @@ class Pool(abc.MutableMapping[Key, Value]):
         if not self._puts_left:
             return self._timed(PUT, self.put, key, value, priority=priority, ttl=ttl, parent=parent)
         key_bytes, flags = encode_key(key)
-        encoded = codec.encode(value, self._max_bytes - len(key_bytes))
+        if type(value) is bytes:  # the common value, as codec.encode takes it: 0.2 us less
+            is_array, header, payload = False, b"", memoryview(value)
+        else:
+            is_array, header, payload = codec.encode(value, self._max_bytes - len(key_bytes))
         # Inline rather than units.whole_number: this is the put path (saves ~0.2 us).
         if (
             isinstance(priority, bool)
@@ -246,21 +249,21 @@ class Pool(abc.MutableMapping[Key, Value]):
             None if parent is None or not self._tracks_prefixes else encode_key(parent)[0]
         )
         expires_at = self._clock() + ttl_s if ttl_s else math.inf
-        total = len(key_bytes) + len(encoded.header) + encoded.payload.nbytes
+        total = len(key_bytes) + len(header) + payload.nbytes
         if total > self._max_bytes:
             self._engine.refuse_too_large(total)
-        flags |= VALUE_IS_ARRAY if encoded.is_array else 0
+        flags |= VALUE_IS_ARRAY if is_array else 0
         # copied under the lock as a read of it would be: a payload of up to 64 KiB
-        under_lock = encoded.payload.nbytes <= INLINE_COPY_MAX_BYTES
+        under_lock = payload.nbytes <= INLINE_COPY_MAX_BYTES
         checksum = (  # in one compiled call where it can (a free slot and pages, no queues)
-            self._put_small(key_bytes, flags, encoded.header, encoded.payload, priority, expires_at)
+            self._put_small(key_bytes, flags, header, payload, priority, expires_at)
             if under_lock
             else None
         )
         if checksum is not None and not self._chained:
             return
-        pieces = (key_bytes, encoded.header, encoded.payload)
-        fields = (flags, len(key_bytes), len(encoded.header), encoded.payload.nbytes)
+        pieces = (key_bytes, header, payload)
+        fields = (flags, len(key_bytes), len(header), payload.nbytes)
         if checksum is None:
             checksum = self._put_python(
                 pieces, fields, priority, expires_at, under_lock, parent_bytes

@@ -54,6 +54,7 @@ from ..errors import (
     raise_as_damage,
     reports_damage,
 )
+from ..fastpath import LOCK_BUSY, NO_ROOM
 from ..keys import Key, encode_key
 from ..layout import ENTRY_WORDS, E, Geometry, H, Views
 from ..lock import PoolLock, closed_error
@@ -413,19 +414,31 @@ class Store:
         put = self._put
         if put is None or self.slot < 0:
             return None
-        total = len(key_bytes) + len(header) + len(payload)
         if self.spill is not None:
-            self.spill(self._pages_for(total))
-        args = (key_bytes, flags, header, payload, priority, expires_at)
+            self.spill(self._pages_for(len(key_bytes) + len(header) + len(payload)))
         try:
-            checksum: int | None = fastpath.LOCK_BUSY
-            if word := self.lock.word:
-                checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial, word)
-            if checksum == fastpath.LOCK_BUSY or checksum == fastpath.NO_ROOM:
+            checksum: int | None = LOCK_BUSY
+            if word := self.lock.word:  # the common case, its arguments spelt out: 0.3 us
+                checksum = put(
+                    self.views.raw,
+                    key_bytes,
+                    flags,
+                    header,
+                    payload,
+                    priority,
+                    expires_at,
+                    self.clock(),
+                    self.slot,
+                    self.serial,
+                    word,
+                )
+            if checksum in (LOCK_BUSY, NO_ROOM):
+                args = (key_bytes, flags, header, payload, priority, expires_at)
+                total = len(key_bytes) + len(header) + len(payload)
                 with self.lock:
-                    if checksum == fastpath.LOCK_BUSY:  # no room found already: not asked again
+                    if checksum == LOCK_BUSY:  # no room found already: not asked again
                         checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
-                    if checksum == fastpath.NO_ROOM:
+                    if checksum == NO_ROOM:
                         self.table.room_for_put(key_bytes, self._pages_for(total))
                         checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
         except (PoolFullError, OutOfSharedMemoryError):
