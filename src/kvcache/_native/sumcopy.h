@@ -7,7 +7,7 @@
  * arithmetic as XXH3_64bits_update, so the sums agree with the xxhash module's), with
  * the source prefetched 2 KiB ahead: 0.95-1.02x the raw copy at 1 and 4 MiB, 1.08x
  * prefetching 384 bytes ahead (xxh3's own distance), 1.17x not at all (measured on this
- * 2-core AMD EPYC VM, docs/performance.md "Verified reads").
+ * 2-core AMD EPYC VM, docs/performance.md "Copy and checksum in one pass").
  *
  * It follows XXH3_update of the vendored xxhash.h (0.8.x; the digest reads the same
  * state), with the stripes taken straight from the input copied as they are summed;
