@@ -110,8 +110,9 @@ class Store:
         self.on_disk = seg.on_disk
         self.observing = observe
         self.verify_reads = verify_reads is not False or seg.on_disk  # see kvcache.durable
-        self.verify_moves = verify_reads is True or seg.on_disk
         """Whether every value read is summed against its checksum."""
+        self.verify_moves = verify_reads is True or seg.on_disk
+        """Whether every entry moved whole (tiers, snapshots) is summed on its way out."""
         self.clock = clock
         views = self.views = Views(seg.buffer, geometry)
         data_offset = geometry.data_offset
