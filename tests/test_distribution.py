@@ -79,6 +79,8 @@ def test_the_sdist_holds_what_a_rebuild_needs(dist: dict[str, Path]) -> None:
         "src/kvcache/_native/lookup.c",
         "src/kvcache/_native/put.c",
         "src/kvcache/_native/rank.c",
+        "src/kvcache/_native/copybytes.h",
+        "src/kvcache/_native/sumcopy.h",
         "src/kvcache/_native/xxhash.h",
     } <= names
 
