@@ -18,9 +18,6 @@
  * one pass through the cache (sum_copy) 1.03-1.07x (docs/performance.md). */
 #define STREAM_BYTES ((Py_ssize_t)65536)
 
-/* Below this many bytes in all the GIL is kept: releasing it costs more than the work. */
-#define RELEASE_GIL_BYTES ((Py_ssize_t)65536)
-
 typedef struct {
     Py_buffer *views;
     Py_ssize_t count;

@@ -528,9 +528,6 @@ static PyObject *copy_into(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
-/* From this many bytes up an unlocked read lets other threads run while it copies. */
-#define RELEASE_GIL_BYTES INT64_C(65536)
-
 /* Without the lock: the entry that holds ``key`` now, READY and unexpired, with the
  * generation read before anything else of it; -1 where there is none to read this way
  * (the locked path decides). */

@@ -35,20 +35,6 @@
 #if defined(__x86_64__)
 #define SUM_COPY_PREFETCH 2048
 
-/* One 64-byte stripe by the widest loads and stores of each set (AVX2's two 32-byte
- * ones: 1.2x faster than four of 16 bytes in the stripe loop, measured). */
-XXH_FORCE_INLINE XXH_TARGET_SSE2 void copy_stripe_sse2(char *to, const xxh_u8 *from) {
-    for (int i = 0; i < 4; i++)
-        _mm_storeu_si128((__m128i *)(void *)(to + 16 * i),
-                         _mm_loadu_si128((const __m128i *)(const void *)(from + 16 * i)));
-}
-
-XXH_FORCE_INLINE XXH_TARGET_AVX2 void copy_stripe_avx2(char *to, const xxh_u8 *from) {
-    for (int i = 0; i < 2; i++)
-        _mm256_storeu_si256((__m256i *)(void *)(to + 32 * i),
-                            _mm256_loadu_si256((const __m256i *)(const void *)(from + 32 * i)));
-}
-
 /* Where the copy reads next: the input up to ``end``, then the ``next_length`` bytes at
  * ``next`` (the piece the caller copies after this one, a value's next page: prefetching
  * on into it keeps the memory busy across the pieces, 10% of a paged read). */
@@ -67,7 +53,8 @@ XXH_FORCE_INLINE void prefetch_ahead(const Ahead *ahead, const xxh_u8 *in) {
 
 /* The stripe loop for one instruction set: xxh3's accumulate for ``stripes`` stripes of
  * ``from`` (secret stepping by XXH_SECRET_CONSUME_RATE), each stripe stored to ``to`` from
- * the registers its sum just loaded it into (the compiler keeps one load), prefetching
+ * the registers its sum just loaded it into (copybytes.h's copy_line: the compiler keeps
+ * one load), prefetching
  * ``ahead``. */
 #define DEFINE_SUM_COPY(suffix, target)                                                       \
     XXH_FORCE_INLINE target void accumulate_copying_##suffix(                                \
@@ -77,7 +64,7 @@ XXH_FORCE_INLINE void prefetch_ahead(const Ahead *ahead, const xxh_u8 *in) {
             const xxh_u8 *in = from + n * XXH_STRIPE_LEN;                                     \
             prefetch_ahead(ahead, in);                                                        \
             XXH3_accumulate_512_##suffix(acc, in, secret + n * XXH_SECRET_CONSUME_RATE);      \
-            copy_stripe_##suffix(to + n * XXH_STRIPE_LEN, in);                               \
+            copy_line_##suffix(to + n * XXH_STRIPE_LEN, (const char *)in, 0);                \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
