@@ -104,9 +104,7 @@ def test_every_policy_takes_the_compiled_path_and_only_plain_ones_read_without_t
         with new_pool(policy, Ticks(), pure=False) as pool:
             pool.put("k", b"v")
             assert pool._engine.table.fast is not None, policy
-            unlocked = pool._engine.table.fast.read(
-                pool._engine.views.raw, b"k", 0.0, None, 1 << 16, 0
-            )
+            unlocked = pool._engine.table.fast.read(pool._engine.views.raw, b"k", 0.0, None, False)
             assert (unlocked == b"v") == (policy in PLAIN_POLICIES and X86_64), policy
 
 

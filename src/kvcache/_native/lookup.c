@@ -556,27 +556,27 @@ static int unchanged(const Finder *f, const char *map, int64_t eid, int64_t gene
 }
 
 PyDoc_STRVAR(read_doc,
-"read(mapping, key_bytes, now, target, max_bytes, verify_max_bytes) -> bytes | int | None\n\n"
+"read(mapping, key_bytes, now, target, verify) -> bytes | int | None\n\n"
 "A get's hit without the pool's lock: find ``key_bytes`` as ``find_hit`` does, copy its\n"
-"plain value of at most ``max_bytes`` into a new ``bytes`` (``target`` None) or its\n"
-"payload to the start of the writable buffer ``target`` (answering its length), summed\n"
-"against its checksum if it is at most ``verify_max_bytes`` long, and touch it as a hit.\n"
+"plain value into a new ``bytes`` (``target`` None) or its payload to the start of the\n"
+"writable buffer ``target`` (answering its length), summed against its checksum with\n"
+"``verify``, and touch it as a hit.\n"
 "The copy is kept only if the entry's generation and state did not change meanwhile\n"
 "(a seqlock; copies overtaken are tried again, a few times). None for anything else:\n"
-"a miss, an expired entry, a value too large, a failed sum, a pool retired or with\n"
+"a miss, an expired entry, a value too large for ``target``, a failed sum, a pool\n"
+"retired or with\n"
 "flock-only users attached, or a platform without the store order this relies on:\n"
 "the caller then takes the lock and reads as before, which decides.");
 
 static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "read takes mapping, key_bytes, now, target, "
-                                         "max_bytes and verify_max_bytes");
+    if (nargs != 5 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "read takes mapping, key_bytes, now, target and verify");
         return NULL;
     }
     double now = PyFloat_AsDouble(args[2]);
     if (now == -1.0 && PyErr_Occurred()) return NULL;
-    int64_t max_bytes = PyLong_AsLongLong(args[4]), verify_max = PyLong_AsLongLong(args[5]);
-    if ((max_bytes == -1 || verify_max == -1) && PyErr_Occurred()) return NULL;
+    int verify = PyObject_IsTrue(args[4]);
+    if (verify < 0) return NULL;
     if (!UNLOCKED_READS) Py_RETURN_NONE;
     int into = args[3] != Py_None;
     Py_buffer view, target = {0};
@@ -600,7 +600,7 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
     for (int attempt = 0; attempt < UNLOCKED_ATTEMPTS; attempt++) {
         int64_t generation, start, length, num_pages;
         int64_t eid = unlocked_hit(f, map, key, key_len, lo, hi, now, &generation);
-        if (eid < 0 || readable(f, map, eid, max_bytes, into, &start, &length, &num_pages) == NULL ||
+        if (eid < 0 || readable(f, map, eid, INT64_MAX, into, &start, &length, &num_pages) == NULL ||
             (into && length > target.len))
             break;
         PyObject *value = NULL;
@@ -612,7 +612,7 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
         }
         /* other threads run while a large value copies: the mapping stays exported */
         PyThreadState *saved = length >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-        int intact = copy_entry(f, map, eid, start, length, num_pages, out, length <= verify_max);
+        int intact = copy_entry(f, map, eid, start, length, num_pages, out, verify);
         int same = unchanged(f, map, eid, generation);
         if (saved != NULL) PyEval_RestoreThread(saved);
         if (!same) {

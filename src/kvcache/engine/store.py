@@ -156,8 +156,6 @@ class Store:
         self._pages_for = geometry.pages_for
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
         """The most bytes (key and value together) one entry may take."""
-        self.verify_max_bytes = self.max_bytes if self.verify_reads else 0
-        """The largest value a read sums against its checksum (the compiled read's limit)."""
         try:
             if observe:
                 with self.lock:  # a file retired meanwhile raises here: open looks again
@@ -205,9 +203,9 @@ class Store:
 
         Small values are copied under the lock. Larger ones are copied without
         it and kept only if the entry's generation did not change meanwhile
-        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. A value of
-        up to ``verify_max_bytes`` has the entry's bytes summed too, in the
-        copy's pass where it can (outside the lock for large values): a
+        (seqlock); a copy overtaken ``READ_ATTEMPTS`` times is a miss. With
+        ``verify_reads`` the entry's bytes are summed too, in the copy's pass
+        where it can (outside the lock for large values): a
         mismatch drops the entry, counts it damaged and is a miss. A disk pool
         reads large values from its file (``transfer.Payload``), small ones
         through the mapping, asking for their pages in one go.
@@ -226,8 +224,7 @@ class Store:
                         key_bytes,
                         self.clock(),
                         into,
-                        self.max_bytes,
-                        self.verify_max_bytes,
+                        self.verify_reads,
                     )
                 except (AttributeError, ValueError):
                     self._refuse_if_closed()
@@ -239,7 +236,7 @@ class Store:
             on_disk = self.on_disk
             if on_disk:
                 self.segment.shed()
-            fast, verify_max_bytes = self.table.fast, self.verify_max_bytes
+            fast, verify = self.table.fast, self.verify_reads
             for _ in range(READ_ATTEMPTS):
                 with self.lock:
                     eid = self._lookup(key_bytes, count=count, read_ahead=on_disk)
@@ -247,7 +244,6 @@ class Store:
                         return None
                     value_len = self._eq[eid * ENTRY_WORDS + E.value_len]
                     inline = value_len <= INLINE_COPY_MAX_BYTES
-                    verify = value_len <= verify_max_bytes
                     value = None
                     if fast is not None and inline:  # copied (and summed) in C
                         if into is not None:
