@@ -32,9 +32,10 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, fastpath, native
 from kvcache.keys import encode_key, key_hash
-from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, E, H
+from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, READY, E, H
 from kvcache.lock import owner_word
-from kvcache.policies import POLICIES
+from kvcache.policies import POLICIES, rank_victims
+from kvcache.policies.base import RANKING_FIELDS
 from kvcache.regret import sample_shift
 from test_segment_damage import VALUES, damaged_pool, word
 
@@ -73,6 +74,7 @@ def new_pool(
     lfu_half_life: int | None = None,
     verify_reads: bool | None = None,
     inline_bytes: int = 0,
+    eviction_samples: int = 64,
 ) -> Iterator[kvcache.Pool]:
     name = f"test-fastpath-{uuid.uuid4().hex[:10]}"
     pool = kvcache.create(
@@ -84,13 +86,14 @@ def new_pool(
         lfu_half_life=lfu_half_life,
         verify_reads=verify_reads,
         inline_bytes=inline_bytes,
+        eviction_samples=eviction_samples,
     )
     if pure:
         # the reference: Table.lookup's Python path only, under the lock
         engine = pool._engine
         engine.table.fast = engine._read_unlocked = engine._present = engine._put = None
         engine._reserve_compiled = engine._publish_compiled = engine.evictor._evict = None
-        engine._delete = None
+        engine._delete = engine.evictor._make_room = None
     try:
         yield pool
     finally:
@@ -716,12 +719,121 @@ def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data)
 
 
 @compiled
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(sorted(fastpath.RANK_KINDS)),
+    samples=st.sampled_from([1, 8, 64]),
+    inline=st.sampled_from([0, 128]),
+    seed=st.integers(0, 2**32),
+)
+def test_a_full_pools_eviction_rounds_in_c_leave_what_pythons_leave(policy, samples, inline, seed):
+    """Puts into a full pool of a policy ranked in C, each engine drawing its samples with
+    the same random words: the compiled rounds of eviction (the request, the sample, its
+    ranking, the victims; a due tidy first, expired entries included) leave the segment the
+    Python rounds leave, byte for byte, and take every round of a healthy pool."""
+    clock, rng = Ticks(), np.random.default_rng(seed)
+    with (
+        new_pool(policy, clock, pure=False, inline_bytes=inline, eviction_samples=samples) as fast,
+        new_pool(policy, clock, pure=True, inline_bytes=inline, eviction_samples=samples) as ref,
+    ):
+        rounds: list[object] = []
+        evictor = fast._engine.evictor
+        make_room = evictor._make_room
+        evictor._make_room = lambda *args: rounds.append(make_room(*args)) or rounds[-1]
+        for pool in (fast, ref):
+            pool._engine.evictor._rng = np.random.default_rng(seed)
+        for i in range(1000):
+            key = f"k{rng.integers(600)}"
+            size = int(rng.choice([10, 100, 900, 2500]))
+            ttl = 3.0 if rng.random() < 0.05 else None
+            priority, read = int(rng.integers(5)), f"k{rng.integers(600)}"
+            for pool in (fast, ref):
+                pool.put(key, bytes([i % 251]) * size, ttl=ttl, priority=priority)
+                pool.get(read)
+            clock.now += 0.25
+        assert rounds and all(left == [] for left in rounds)
+        assert replace(fast.stats(), name="") == replace(ref.stats(), name="")
+        assert_same_segment(fast, ref)
+
+
+@compiled
+@DAMAGE_SETTINGS
+@given(
+    data=st.data(),
+    inline=st.sampled_from([0, 128]),
+    policy=st.sampled_from(sorted(fastpath.RANK_KINDS)),
+)
+def test_a_compiled_eviction_round_writes_what_python_writes_or_nothing(data, inline, policy):
+    """``make_room`` on damaged words: where C declines (None) it wrote nothing; where it
+    answers the victims it left, Python's round on the same bytes (the request, the sample
+    drawn and ranked by numpy, each victim evicted the Python way) evicts the victims C
+    evicted first, leaving the same segment, and then the ones C left, in C's order."""
+    with damaged_pool(policy, inline) as pool:
+        engine = pool._engine
+        raw, evictor, table, now = engine.views.raw, engine.evictor, engine.table, engine.clock()
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            damage_put_words(pool, data, [b"small", b"new-key"])
+        evictor._clock = table.clock = lambda: now
+        key = data.draw(st.sampled_from([None, b"small", b"new-key"]), label="key")
+        num_pages = data.draw(st.sampled_from([0, 1, 1 << 20]), label="pages")
+        top = data.draw(st.integers(1, 4), label="top")
+        words = np.array(
+            data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=top, max_size=4 * top)),
+            np.uint64,
+        )
+        with engine.lock:
+            before = bytes(raw)
+            left = evictor._make_room(key, num_pages, evictor._kind, words, top, now)
+            if left is None:
+                assert bytes(raw) == before
+                return
+            by_c, raw[:] = bytes(raw), before
+            evictor._evict = None
+            if key is not None:
+                table.request(key)
+            victims: list[int] = []
+            if not evictor.has_room(num_pages):
+                live = engine.views.live[: engine.views.header_q[H.num_live]]
+                ids = live[words % np.uint64(live.size)]
+                records = engine.views.entries
+                columns = {n: records[n][ids] for n in (*RANKING_FIELDS, *table.policy.fields)}
+                victims = ids[rank_victims(table.policy, columns, evictor.score_context(), top=top)]
+            taken = list(victims)[: len(victims) - len(left)]
+            assert list(victims)[len(taken) :] == left
+            for eid in taken:
+                if engine.views.entries_q[eid * ENTRY_WORDS + E.state] == READY:
+                    evictor.evict_one(eid)
+            assert bytes(raw) == by_c
+
+
+@compiled
+def test_a_round_stops_at_a_victim_it_cannot_follow_and_leaves_the_rest_to_python() -> None:
+    """A victim whose record no longer matches its index slot (a damaged key hash): the
+    round evicts the victims ranked before it and answers it and those after it, in order,
+    for Python's eviction to judge."""
+    with damaged_pool("lru") as pool:
+        engine = pool._engine
+        views, evictor = engine.views, engine.evictor
+        live = views.live[: views.header_q[H.num_live]].copy()
+        words = np.arange(live.size, dtype=np.uint64)  # the sample: every live entry once
+        with engine.lock:
+            order = engine.evictor._rank(live, live.size, engine.clock())
+            victims = live[order].tolist()
+            views.entries["hash_lo"][victims[2]] ^= 1  # another home slot
+            left = evictor._make_room(None, 1 << 20, evictor._kind, words, live.size, 0.0)
+        assert left == victims[2:]
+        states = views.entries["state"]
+        assert (states[victims[:2]] == 0).all() and (states[victims[2:]] == READY).all()
+
+
+@compiled
 @pytest.mark.parametrize("inline", [0, 128])
 def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c(inline: int) -> None:
-    """Small and large puts of new keys and over old ones, and the evictions that make room
-    in a full pool and the ranking of their samples: C takes every one once the pool's
-    memory is reserved (the damage tests above only hold C to what it takes). With inline
-    slots, the filling values lie in them: room is then an entry slot, not pages."""
+    """Small and large puts of new keys and over old ones, and the rounds of eviction that
+    make room in a full pool (a sample drawn, ranked and its best evicted): C takes every
+    one once the pool's memory is reserved (the damage tests above only hold C to what it
+    takes). With inline slots, the filling values lie in them: room is then an entry slot,
+    not pages."""
     with new_pool("lru", Ticks(), pure=False, inline_bytes=inline) as pool:
         engine = pool._engine
         pool.put("first", b"f" * 1000)  # reserves the pool's memory (in Python: a system call)
@@ -738,7 +850,7 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c(inline: int) -> N
         engine._reserve_compiled = recording("reserve", engine._reserve_compiled)
         engine._publish_compiled = recording("publish", engine._publish_compiled)
         engine.evictor._evict = recording("evict", engine.evictor._evict)
-        engine.evictor._rank = recording("rank", engine.evictor._rank)
+        engine.evictor._make_room = recording("make_room", engine.evictor._make_room)
         engine._delete = recording("delete", engine._delete)
         for key in ("a", "b", "a"):
             pool.put(key, b"s" * 3000)
@@ -761,8 +873,9 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c(inline: int) -> N
         # where C found no room, Python made it and C put the value after all
         assert fastpath.NO_ROOM in answers["put"] and None not in answers["put"]
         assert sum(a >= 0 for a in answers["put"]) == 300
-        assert pool.stats().evictions and all(answers["evict"])
-        assert answers["rank"] and all(places is not None for places in answers["rank"])
+        # every round of eviction in C whole (a due tidy first in Python), none left over
+        assert pool.stats().evictions and answers["make_room"]
+        assert all(left == [] for left in answers["make_room"])
 
 
 @compiled

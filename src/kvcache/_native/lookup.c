@@ -702,8 +702,8 @@ static PyObject *py_key_hash(PyObject *module, PyObject *key) {
     return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
 }
 
-#include "put.c"
 #include "rank.c"
+#include "put.c"
 
 static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
     PyObject *fields;
@@ -784,6 +784,7 @@ static PyMethodDef finder_methods[] = {
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL, publish_doc},
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL, rank_doc},
+    {"make_room", (PyCFunction)(void (*)(void))make_room, METH_FASTCALL, make_room_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,7 @@
 /* A small put in C: kvcache.engine.table.Table.reserve, the copy of the entry's bytes
- * (summed in the same pass) and Table.publish, in one call under the pool's lock; and
- * the eviction of one victim (Evictor.evict_one) that makes room for a put.
+ * (summed in the same pass) and Table.publish, in one call under the pool's lock; the
+ * eviction of one victim (Evictor.evict_one) that makes room for a put, and the first
+ * round of that room for a sampled policy ranked in C (Evictor.room_for_put).
  *
  * Part of kvcache._lookup (lookup.c includes it: one translation unit, so xxhash's
  * dispatch is compiled in once). It serves pools whose policy keeps no queues, and
@@ -45,6 +46,7 @@ static int write_view(const Finder *f, PyObject *mapping, Py_buffer *view) {
 /* What a put will do, worked out before anything is written. */
 typedef struct {
     int64_t lo, hi, num_pages, old, eid, from_free, from_fresh, free_last, regret;
+    int requested; /* the put's request made already (Table.room_for_put) */
 } Plan;
 
 /* RegretSample.request's record for a new key (its ring word), -1 where the key is not
@@ -164,32 +166,41 @@ static int claimed_off_the_probe(const Finder *f, const char *map, const Plan *p
     return 0;
 }
 
+/* make_room's test, nothing to evict (PageAllocator.num_available,
+ * EntryTable.has_free_slot): 1 where ``num_pages`` pages and an entry slot are free, 0
+ * where not, -1 where an allocator word is out of range. */
+static int has_room(const Finder *f, const char *map, int64_t num_pages) {
+    const int64_t *w = f->field, n = f->max_entries, pages = f->num_pages;
+    int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), fresh = load(map, w[F_NEXT_FRESH_PAGE]);
+    int64_t used = load(map, w[F_USED_PAGES]), head = load(map, w[F_FREE_ENTRY_HEAD]);
+    int64_t next_entry = load(map, w[F_NEXT_FRESH_ENTRY]), slots = load(map, w[F_USED_SLOTS]);
+    if (num_free < 0 || num_free > pages || fresh < 0 || fresh > pages || used < 0 ||
+        used > pages || head < 0 || head > n || next_entry < 0 || next_entry > n ||
+        slots < 0 || slots > n)
+        return -1;
+    return num_free + pages - fresh >= num_pages && (head || next_entry < n);
+}
+
 /* Everything Python's reserve would check or could fail on, checked: PLANNED, with what
  * reserve will do set, and ``p->old`` the key's entry now (-1: none); NO_ROOM where all
  * is in range but pages or an entry slot must be freed first (Python's make_room);
  * LEAVE_TO_PYTHON where Python must do it (memory to reserve, any word out of range). */
 static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64_t total,
                         Plan *p) {
-    const int64_t *w = f->field, n = f->max_entries, pages = f->num_pages;
+    const int64_t *w = f->field, pages = f->num_pages;
     p->num_pages = total <= f->inline_bytes ? 0 : (total + f->page_size - 1) / f->page_size;
     p->old = probe(f, map, p->lo, p->hi);
     p->regret = -1;
     if (p->old == NOT_HERE || key_len <= 0 || p->num_pages > pages) return 0;
-    if (p->old == ABSENT) { /* a new key: a request for it (the regret sample) */
+    if (p->old == ABSENT) { /* a new key: a request for it (the regret sample), unless made */
         p->old = -1;
-        if (!regret_record(f, map, p, &p->regret)) return 0;
+        if (!p->requested && !regret_record(f, map, p, &p->regret)) return 0;
     }
-    /* make_room: nothing to evict (PageAllocator.num_available, EntryTable.has_free_slot) */
+    int room = has_room(f, map, p->num_pages);
+    if (room <= 0) return room < 0 ? LEAVE_TO_PYTHON : NO_ROOM;
     int64_t num_free = load(map, w[F_NUM_FREE_PAGES]), fresh = load(map, w[F_NEXT_FRESH_PAGE]);
-    int64_t reserved = load(map, w[F_RESERVED_PAGES]), used = load(map, w[F_USED_PAGES]);
-    int64_t head = load(map, w[F_FREE_ENTRY_HEAD]), next_entry = load(map, w[F_NEXT_FRESH_ENTRY]);
-    int64_t slots = load(map, w[F_USED_SLOTS]);
-    if (num_free < 0 || num_free > pages || fresh < 0 || fresh > pages || used < 0 ||
-        used > pages || head < 0 || head > n || next_entry < 0 || next_entry > n ||
-        slots < 0 || slots > n)
-        return LEAVE_TO_PYTHON;
-    if (num_free + pages - fresh < p->num_pages || (!head && next_entry == n)) return NO_ROOM;
-    p->eid = head ? head - 1 : next_entry; /* EntryTable.claim */
+    int64_t reserved = load(map, w[F_RESERVED_PAGES]), head = load(map, w[F_FREE_ENTRY_HEAD]);
+    p->eid = head ? head - 1 : load(map, w[F_NEXT_FRESH_ENTRY]); /* EntryTable.claim */
     /* A FREE slot (Python checks that only on the free chain): a READY one, or the old
      * entry itself, would be overwritten. */
     const char *claimed = entry_at(f, map, p->eid);
@@ -430,7 +441,7 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
 
 PyDoc_STRVAR(put_doc,
 "put(mapping, key_bytes, flags, header, payload, priority, expires_at, now, owner_slot,\n"
-"    owner_serial, lock_word=0) -> int | None\n\n"
+"    owner_serial, lock_word=0, requested=False) -> int | None\n\n"
 "Store a new entry of ``key_bytes`` (codec ``header`` and ``payload``, buffers) in one\n"
 "go, replacing the key's entry if there is one, and answer its checksum (summed while\n"
 "its bytes were copied); -2, having changed nothing, where pages or an entry slot\n"
@@ -440,7 +451,8 @@ PyDoc_STRVAR(put_doc,
 "keeps no queues. The caller holds the pool's lock, or passes its ``lock_word`` (the\n"
 "owner word of a process that locks by the word alone) for the put to take it here if\n"
 "it is free, no flock user is counted and no repair is due; else the put answers -1,\n"
-"having changed nothing, and the caller takes the lock and calls again.");
+"having changed nothing, and the caller takes the lock and calls again. ``requested``:\n"
+"the regret sample's request for a new key was made already (by the room made for it).");
 
 /* The pool's lock for one put, taken here as kvcache.lock's ``__enter__`` takes it where
  * nothing is in the way: the word was free, no flock-only process is counted (it would
@@ -466,17 +478,18 @@ static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
 }
 
 static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if ((nargs != 10 && nargs != 11) || !PyBytes_Check(args[1])) {
+    if (nargs < 10 || nargs > 12 || !PyBytes_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "put takes mapping, key_bytes, flags, header, payload, "
-                                         "priority, expires_at, now, owner_slot, owner_serial "
-                                         "and lock_word");
+                                         "priority, expires_at, now, owner_slot, owner_serial, "
+                                         "lock_word and requested");
         return NULL;
     }
     int64_t flags = PyLong_AsLongLong(args[2]), priority = PyLong_AsLongLong(args[5]);
     int64_t owner_slot = PyLong_AsLongLong(args[8]), owner_serial = PyLong_AsLongLong(args[9]);
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
-    uint64_t mine = nargs == 11 ? PyLong_AsUnsignedLongLongMask(args[10]) : 0;
-    if (PyErr_Occurred()) return NULL;
+    uint64_t mine = nargs >= 11 ? PyLong_AsUnsignedLongLongMask(args[10]) : 0;
+    int requested = nargs == 12 ? PyObject_IsTrue(args[11]) : 0;
+    if (PyErr_Occurred() || requested < 0) return NULL;
     Py_buffer view, pieces[3] = {{0}};
     int usable = write_view(f, args[0], &view);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
@@ -495,7 +508,7 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         result = PyLong_FromLong(-1);
         goto done;
     }
-    Plan p;
+    Plan p = {.requested = requested};
     key_hash(pieces[0].buf, (size_t)pieces[0].len, &p.lo, &p.hi);
     /* the index is not changed by reserve: the key's old entry stays what it is */
     int plan = plan_reserve(f, map, pieces[0].len, total, &p);
@@ -543,7 +556,7 @@ static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     char *map = view.buf;
     if (fields[2] >= 0 && fields[3] >= 0 && fields[2] <= f->total_bytes &&
         fields[3] <= f->total_bytes) {
-        Plan p;
+        Plan p = {.requested = 0};
         int64_t total = fields[1] + fields[2] + fields[3];
         key_hash(PyBytes_AS_STRING(args[1]), (size_t)fields[1], &p.lo, &p.hi);
         if (total <= f->total_bytes && plan_reserve(f, map, fields[1], total, &p) == PLANNED) {
@@ -626,6 +639,20 @@ static void regret_remember(const Finder *f, char *map, int64_t lo, double now) 
     store(map, w[F_REGRET_NEXT], position + 1);
 }
 
+/* Evictor.evict_one of READY entry ``eid``: 1 evicted; 0, nothing changed, where a word
+ * it follows is out of range. */
+static int evict_one(const Finder *f, char *map, int64_t eid, double now) {
+    const int64_t *w = f->field;
+    if (eid < 0 || eid >= f->max_entries || !evict_counts_ok(f, map)) return 0;
+    char *entry = entry_at(f, map, eid);
+    int64_t lo = load(entry, w[F_HASH_LO]);
+    if (!old_ok(f, map, eid, lo)) return 0;
+    if (!(load(entry, w[F_HASH_HI]) & f->regret_mask)) regret_remember(f, map, lo, now);
+    remove_old(f, map, eid, lo);
+    store(map, w[F_EVICTIONS], load(map, w[F_EVICTIONS]) + 1);
+    return 1;
+}
+
 static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "evict takes mapping, eid and now");
@@ -637,22 +664,90 @@ static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer view;
     int usable = write_view(f, args[0], &view);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
-    int done = 0;
-    char *map = view.buf;
-    if (eid >= 0 && eid < f->max_entries && evict_counts_ok(f, map)) {
-        const int64_t *w = f->field;
-        char *entry = entry_at(f, map, eid);
-        int64_t lo = load(entry, w[F_HASH_LO]);
-        if (old_ok(f, map, eid, lo)) {
-            if (!(load(entry, w[F_HASH_HI]) & f->regret_mask)) regret_remember(f, map, lo, now);
-            remove_old(f, map, eid, lo);
-            store(map, w[F_EVICTIONS], load(map, w[F_EVICTIONS]) + 1);
-            done = 1;
-        }
-    }
+    int done = evict_one(f, view.buf, eid, now);
     PyBuffer_Release(&view);
     if (done) Py_RETURN_TRUE;
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(make_room_doc,
+"make_room(mapping, key_bytes, num_pages, kind, words, top, now) -> list[int] | None\n\n"
+"Table.room_for_put's first round in a pool whose sampled policy ``kind`` ranks in C\n"
+"(kvcache.fastpath.RANK_KINDS): the regret sample's request for ``key_bytes`` if new\n"
+"(None: made already); then, unless\n"
+"``num_pages`` pages and an entry slot are free already, one round of Evictor.make_room:\n"
+"the sample ``live[words[i] % num_live]`` (``words``: uint64, ``top`` per victim wanted)\n"
+"ranked as ``rank`` ranks it, and its best ``top`` evicted as ``evict`` evicts each,\n"
+"skipping one evicted already. The victims it left to the caller, in order (from the\n"
+"first whose words are out of range; [] for none); None, having changed nothing, where\n"
+"a word it reads before it writes is out of range. The caller holds the pool's lock and\n"
+"asks after it whether there is room.");
+
+static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || (args[1] != Py_None && !PyBytes_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "make_room takes mapping, key_bytes, num_pages, kind, "
+                                         "words, top and now");
+        return NULL;
+    }
+    int64_t num_pages = PyLong_AsLongLong(args[2]), kind = PyLong_AsLongLong(args[3]);
+    int64_t top = PyLong_AsLongLong(args[5]);
+    double now = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (top < 1 || top > RANK_TOP_MAX || kind < RANK_LRU || kind > RANK_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "make_room: top must be 1 to 64 and kind a RANK_KIND");
+        return NULL;
+    }
+    Py_buffer view, words;
+    int usable = write_view(f, args[0], &view);
+    if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
+    if (PyObject_GetBuffer(args[4], &words, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    char *map = view.buf;
+    int64_t count = words.len / 8, *ids = NULL, kept = -1;
+    int64_t num_live = load(map, f->field[F_NUM_LIVE]);
+    Candidate best[RANK_TOP_MAX];
+    Plan p = {.regret = -1};
+    if (args[1] != Py_None) { /* Table.room_for_put's request */
+        key_hash(PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]), &p.lo, &p.hi);
+        int64_t old = probe(f, map, p.lo, p.hi);
+        if (old == NOT_HERE || (old == ABSENT && !regret_record(f, map, &p, &p.regret)))
+            goto done;
+    }
+    int room = has_room(f, map, num_pages);
+    if (room < 0 || words.len % 8 || count < top || num_live <= 0 || num_live > f->max_entries)
+        goto done;
+    if (!room) {
+        ids = PyMem_Malloc((size_t)count * 8);
+        if (ids == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        draw_sample(map + f->live_offset, (uint64_t)num_live, words.buf, count, ids);
+        kept = rank_sample(f, map, kind, ids, count, top, now, best);
+        if (kept < 0) goto done;
+    }
+    if (p.regret >= 0) regret_request(f, map, p.regret, now);
+    int64_t at = 0;
+    for (; at < kept; at++) {
+        int64_t eid = ids[best[at].place];
+        if (load(entry_at(f, map, eid), f->field[F_STATE]) != READY) continue; /* drawn twice */
+        if (!evict_one(f, map, eid, now)) break;
+    }
+    result = PyList_New((Py_ssize_t)(kept > at ? kept - at : 0));
+    for (int64_t i = at; result != NULL && i < kept; i++) {
+        PyObject *eid = PyLong_FromLongLong(ids[best[i].place]);
+        if (eid == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, (Py_ssize_t)(i - at), eid);
+    }
+done:
+    PyMem_Free(ids);
+    PyBuffer_Release(&words);
+    PyBuffer_Release(&view);
+    if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+    return result;
 }
 
 PyDoc_STRVAR(delete_doc,

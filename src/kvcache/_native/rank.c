@@ -40,13 +40,44 @@ static double rank_key(const Finder *f, const char *entry, int64_t kind, double 
     }
 }
 
+#define RANK_TOP_MAX 64
+#define SAMPLE_AHEAD 16 /* candidates whose words are fetched ahead of their turn */
+
+/* The best ``top`` (at most RANK_TOP_MAX) of the ``count`` candidates ``ids`` into
+ * ``best``, best first, with numpy's cut; how many, or -1 for an id out of range. */
+static int64_t rank_sample(const Finder *f, const char *map, int64_t kind, const void *ids,
+                           int64_t count, int64_t top, double now, Candidate *best) {
+    int64_t kept = 0;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t eid = load(ids, i);
+        if (eid < 0 || eid >= f->max_entries) return -1;
+        if (i + SAMPLE_AHEAD < count) { /* a random record, each of whose two lines read */
+            int64_t ahead = load(ids, i + SAMPLE_AHEAD);
+            if (ahead >= 0 && ahead < f->max_entries) {
+                const char *entry = entry_at(f, map, ahead);
+                __builtin_prefetch(entry + f->field[F_LAST_ACCESS] * 8);
+                __builtin_prefetch(entry + f->field[F_EXPIRES_AT] * 8);
+            }
+        }
+        const char *entry = entry_at(f, map, eid);
+        Candidate c = {rank_key(f, entry, kind, now), load(entry, f->field[F_LAST_ACCESS]), i};
+        if (kept == top && !before(&c, &best[kept - 1])) continue;
+        int64_t at = kept < top ? kept++ : kept - 1; /* insert in order, the worst falls off */
+        while (at > 0 && before(&c, &best[at - 1])) {
+            best[at] = best[at - 1];
+            at--;
+        }
+        best[at] = c;
+    }
+    if (kept && isnan(best[kept - 1].key)) kept = 0; /* numpy's cut: no key <= NaN */
+    return kept;
+}
+
 PyDoc_STRVAR(rank_doc,
 "rank(mapping, kind, ids, top, now) -> list[int] | None\n\n"
 "The places in ``ids`` (an int64 buffer of entry ids: a sample) of the best ``top``\n"
 "victims, best first, as kvcache.policies.rank_victims orders them for policy ``kind``\n"
 "(kvcache.fastpath.RANK_KINDS); None for an id out of range.");
-
-#define RANK_TOP_MAX 64
 
 static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
@@ -68,27 +99,10 @@ static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     }
     PyObject *result = NULL;
     Candidate best[RANK_TOP_MAX];
-    int64_t kept = 0, count = ids.len / 8;
-    const char *map = view.buf;
-    int ok = view.len >= f->total_bytes && ids.len % 8 == 0;
-    for (int64_t i = 0; ok && i < count; i++) {
-        int64_t eid = load(ids.buf, i);
-        if (eid < 0 || eid >= f->max_entries) {
-            ok = 0;
-            break;
-        }
-        const char *entry = entry_at(f, map, eid);
-        Candidate c = {rank_key(f, entry, kind, now), load(entry, f->field[F_LAST_ACCESS]), i};
-        if (kept == top && !before(&c, &best[kept - 1])) continue;
-        int64_t at = kept < top ? kept++ : kept - 1; /* insert in order, the worst falls off */
-        while (at > 0 && before(&c, &best[at - 1])) {
-            best[at] = best[at - 1];
-            at--;
-        }
-        best[at] = c;
-    }
-    if (ok) {
-        if (kept && isnan(best[kept - 1].key)) kept = 0; /* numpy's cut: no key <= NaN */
+    int64_t kept = -1;
+    if (view.len >= f->total_bytes && ids.len % 8 == 0)
+        kept = rank_sample(f, view.buf, kind, ids.buf, ids.len / 8, top, now, best);
+    if (kept >= 0) {
         result = PyList_New((Py_ssize_t)kept);
         for (int64_t i = 0; result != NULL && i < kept; i++) {
             PyObject *place = PyLong_FromLongLong(best[i].place);
@@ -100,6 +114,17 @@ static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     PyBuffer_Release(&view);
     if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
     return result;
+}
+
+/* ``ids[i] = live[words[i] % count]`` for ``num`` words (``count`` > 0). */
+static void draw_sample(const void *live, uint64_t count, const void *words, int64_t num,
+                        void *ids) {
+    for (int64_t i = 0; i < num; i++) { /* the places first, their words fetched meanwhile */
+        int64_t place = (int64_t)((uint64_t)load(words, i) % count);
+        __builtin_prefetch((const char *)live + place * 8);
+        store(ids, i, place);
+    }
+    for (int64_t i = 0; i < num; i++) store(ids, i, load(live, load(ids, i)));
 }
 
 PyDoc_STRVAR(draw_doc,
@@ -128,10 +153,7 @@ static PyObject *draw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     uint64_t count = (uint64_t)live.len / 8;
     int ok = live.len % 8 == 0 && count > 0 && words.len % 8 == 0 && ids.len == words.len;
     if (ok) {
-        for (int64_t i = 0; i < words.len / 8; i++) {
-            uint64_t word = (uint64_t)load(words.buf, i);
-            store(ids.buf, i, load(live.buf, (int64_t)(word % count)));
-        }
+        draw_sample(live.buf, count, words.buf, words.len / 8, ids.buf);
     } else {
         PyErr_SetString(PyExc_ValueError, "draw: live, words and ids must be 8-byte items, "
                                           "live not empty, ids as long as words");

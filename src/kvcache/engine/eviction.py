@@ -4,12 +4,13 @@
 the evictor frees (through ``Table.remove``). ``Store`` wires it in as the
 table's ``make_room`` and calls it, under the lock, for explicit evictions:
 
-- ``_make_room`` runs on put when pages or an entry slot are short: first a
-  spaced ``_tidy`` (expired entries, pages of writers that died), then victims
+- ``make_room`` runs on put when pages or an entry slot are short: first a
+  spaced ``tidy`` (expired entries, pages of writers that died), then victims
   from ``policies.choose_victims`` until the put fits. When the machine will
   not back more pages (a full /dev/shm, or the memory check), it runs again
   counting only the pages the pool already has: the pool stops growing and
-  keeps serving puts by eviction.
+  keeps serving puts by eviction. Where the compiled put found no room,
+  ``room_for_put`` makes its first round in one compiled call.
 - ``Store.evict`` ranks every entry exactly (``rank_all``) and removes them in
   batches, releasing the lock between batches.
 """
@@ -26,7 +27,13 @@ import numpy as np
 from .. import fastpath, native
 from ..errors import OutOfSharedMemoryError, PoolFullError, corrupt
 from ..layout import ENTRY_WORDS, READY, WRITING, E, H
-from ..policies import QueuePolicy, ScoreContext, choose_victims, rank_victims
+from ..policies import (
+    EVICTION_BATCH,
+    QueuePolicy,
+    ScoreContext,
+    choose_victims,
+    rank_victims,
+)
 from ..procs import ProcessTable
 from .table import Table
 
@@ -92,13 +99,16 @@ class Evictor:
     ) -> None:
         """``writer``: the compiled writes (``fastpath.compiled_writer``), or None: its
         ``evict`` does ``evict_one`` and its ``rank`` a sampled policy's ranking, each
-        answering None where it leaves the work to Python."""
+        answering None where it leaves the work to Python; its ``make_room`` a put's first
+        round of eviction for such a policy."""
         self.table = table
         self._evict = None if writer is None else writer.evict
         kind = fastpath.RANK_KINDS.get(table.config.policy)
-        self._rank = (
-            None if writer is None or kind is None else partial(writer.rank, table.views.raw, kind)
-        )
+        ranked_in_c = writer is not None and kind is not None
+        raw = table.views.raw
+        self._rank = partial(writer.rank, raw, kind) if ranked_in_c else None
+        self._make_room = partial(writer.make_room, raw) if ranked_in_c else None
+        self._kind = kind
         self.name = table.name
         self.config = table.config
         self._hq, self._hd = table.hq, table.hd
@@ -130,12 +140,10 @@ class Evictor:
                 when the machine refused to back more (see ``Table.reserve``).
             recalled: the kind of the new key's ghost, or -1 (``QueuePolicy``).
         """
-        allocator, entries = self._allocator, self._entries
-        available = allocator.num_reserved_available if within_reserved else allocator.num_available
-        if available() >= num_pages and entries.has_free_slot():
+        if self.has_room(num_pages, within_reserved=within_reserved):
             return
         self.tidy(force=False)
-        while available() < num_pages or not entries.has_free_slot():
+        while not self.has_room(num_pages, within_reserved=within_reserved):
             victims, exact = self.choose_victims(recalled)
             if not victims.size:
                 if self.reclaim_dead_writers():
@@ -151,8 +159,44 @@ class Evictor:
                 queues = self._queues
                 below = queues.take_descendants(eid) if queues is not None and exact else None
                 self.evict_one(eid, below)
-                if exact and available() >= num_pages and entries.has_free_slot():
+                if exact and self.has_room(num_pages, within_reserved=within_reserved):
                     return
+
+    def room_for_put(self, key_bytes: bytes, num_pages: int) -> None:
+        """``Table.room_for_put``, its first round of eviction in one compiled call where the
+        policy ranks in C: the request, a sample drawn, ranked and its best evicted, what
+        ``make_room`` would do with the same random words. A due tidy comes first, in
+        ``make_room``'s order (the request, room?, the tidy); a round that left no room is
+        followed by Python's."""
+        if self._make_room is None:
+            self.table.room_for_put(key_bytes, num_pages)
+            return
+        h, samples = self._hq, self.config.eviction_samples
+        key: bytes | None = key_bytes
+        if h[H.puts] >= h[H.next_sweep_puts]:
+            self.table.request(key_bytes)
+            key = None
+            if self.has_room(num_pages):
+                return
+            self.tidy(force=False)
+        live = h[H.num_live]
+        if live > samples and (key is not None or not self.has_room(num_pages)):
+            top = min(EVICTION_BATCH, live // samples)
+            words = self._rng.bit_generator.random_raw(samples * top)
+            left = self._make_room(key, num_pages, self._kind, words, top, self._clock())
+            if left is not None:
+                key = None
+                for eid in left:  # from one whose words C would not follow: Python decides
+                    if self._eq[eid * ENTRY_WORDS + E.state] == READY:
+                        self.evict_one(eid)
+        self.table.room_for_put(key_bytes, num_pages, requested=key is None)
+
+    def has_room(self, num_pages: int, *, within_reserved: bool = False) -> bool:
+        """Whether ``num_pages`` pages (backed already, ``within_reserved``) and a slot are
+        free."""
+        allocator = self._allocator
+        available = allocator.num_reserved_available if within_reserved else allocator.num_available
+        return available() >= num_pages and self._entries.has_free_slot()
 
     def choose_to_move(self, num_pages: int) -> list[tuple[int, int]]:
         """Entries (id, generation) whose move elsewhere would free ``num_pages`` pages and a

@@ -435,9 +435,10 @@ class Store:
                 with self.lock:
                     if checksum == LOCK_BUSY:  # no room found already: not asked again
                         checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
-                    if checksum == NO_ROOM:
-                        self.table.room_for_put(key_bytes, self._pages_for(total))
-                        checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
+                    if checksum == NO_ROOM:  # the request made with the room: not again
+                        self.evictor.room_for_put(key_bytes, self._pages_for(total))
+                        requested = (self.slot, self.serial, 0, True)
+                        checksum = put(self.views.raw, *args, self.clock(), *requested)
         except (PoolFullError, OutOfSharedMemoryError):
             self.count_error()
             raise

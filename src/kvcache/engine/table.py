@@ -386,15 +386,21 @@ class Table:
         q[base + E.state] = WRITING
         return eid
 
-    def room_for_put(self, key_bytes: bytes, num_pages: int) -> None:
+    def room_for_put(self, key_bytes: bytes, num_pages: int, *, requested: bool = False) -> None:
         """``reserve``'s steps before it takes pages, for a fresh put without a parent in a
         pool whose policy keeps no queues (a new key is a request for the regret sample,
-        then room is made): the compiled put, told there is no room, calls this and tries
-        again."""
+        unless ``requested`` already, then room is made): the compiled put, told there is
+        no room, calls this (through ``Evictor.room_for_put``) and tries again."""
+        if not requested:
+            self.request(key_bytes)
+        self._room(num_pages, -1)
+
+    def request(self, key_bytes: bytes) -> None:
+        """A put of ``key_bytes``, if this pool does not hold it, is a request for the regret
+        sample."""
         lo, hi = key_hash(key_bytes)
         if self.index.find(lo, hi) < 0:
             self.regret.request(lo, hi, self.clock)
-        self._room(num_pages, -1)
 
     def _room(self, num_pages: int, recalled: int) -> None:
         """``make_room``, where a pool with nothing left to evict and no one writing is

@@ -108,6 +108,7 @@ def choose_victims(
 
 
 __all__ = [
+    "EVICTION_BATCH",
     "POLICIES",
     "Policy",
     "QueuePolicy",
