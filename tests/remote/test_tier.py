@@ -354,3 +354,20 @@ def test_bug_flush_returned_while_the_writer_still_held_a_delete(two_pools, redi
     assert not pool.remote.flush(timeout_s=0.5)
     redis_server.resume()
     assert pool.remote.flush(timeout_s=5)
+
+
+def test_bug_a_fetch_of_more_bytes_than_its_timeout_moves_was_cut_as_a_timeout(two_pools):
+    """The entries' first parts come in one pipelined call whose deadline was the timeout
+    alone, whatever the parts weighed: 96 MiB of KV chunks in one prefetch needs ~1 s at
+    the 100 MB/s the deadlines allow (a 1 GbE link) and ~0.2 s through this machine's
+    loopback, and was cut at the 100 ms timeout here (0.25 s by default). The deadline now
+    allows the bytes the first parts may hold."""
+    writer = two_pools("256M", write_through=True)
+    reader = two_pools("256M", remote_timeout="100ms")
+    keys = [f"chunk-{i}" for i in range(24)]
+    for i, key in enumerate(keys):
+        writer.put(key, bytes([i]) * (4 << 20))
+    writer.remote.flush()
+    assert reader.prefetch(keys) == len(keys)
+    assert reader.remote_stats().errors == 0
+    assert all(reader.get(key) == bytes([i]) * (4 << 20) for i, key in enumerate(keys))

@@ -247,7 +247,10 @@ class RemoteLink:
             return []
         names = [records.key_name(self.spec.namespace, key) for key in keys]
         limit = self.max_entry_bytes
-        heads = self.call(lambda client: _get_all(client, names), None)
+        # what the first parts may weigh: KV chunks of megabytes each, at 100 MB/s, take
+        # longer than the timeout alone (a deadline of 0.25 s cut 31 chunks of 1 MiB)
+        heads_bytes = len(names) * min(limit, self.part_bytes)
+        heads = self.call(lambda client: _get_all(client, names), None, extra_bytes=heads_bytes)
         if heads is None:
             return [None] * len(keys)
         split = [(i, records.parts_of(head, limit)) for i, head in enumerate(heads)]
