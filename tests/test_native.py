@@ -317,7 +317,7 @@ try:
         for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
     ]
     words = segment[: g.data_offset].view(np.int64)
-    found = stored = evicted = 0
+    found = stored = evicted = rounds = 0
     for _ in range(4000):
         mapping = segment.copy()  # malloc'd whole: a read past its end meets ASAN's redzone
         damaged = mapping[: g.data_offset].view(np.int64)
@@ -343,7 +343,8 @@ try:
             found += finder.present(view, key_bytes, 0.0) is True
             for put_key in (key_bytes, f"new{rng.randrange(100)}".encode()):  # replace, add
                 payload = np.full(rng.choice([0, 1, 1000, 5000]), 7, np.uint8)  # malloc'd whole
-                lock_word = rng.choice([(), (5,)])  # held by the caller, or taken here
+                # held by the caller, or taken here; the request made already, or not
+                lock_word = rng.choice([(), (5,), (0, True), (5, False)])
                 stored += finders[0].put(view, put_key, 0, b"", payload, 0, float("inf"), 0.0,
                                          0, 1, *lock_word) not in (None, -1)
             eid = finders[0].reserve(view, key_bytes, 0, 0, rng.choice([0, 70000]), 0,
@@ -354,7 +355,13 @@ try:
         evicted += finders[0].evict(view, rng.randrange(-2, g.max_entries + 2), 0.0) is True
         sample = np.array([rng.randrange(-1, g.max_entries + 1) for _ in range(100)], np.int64)
         finders[0].rank(view, rng.randrange(1, 6), sample, rng.randrange(1, 17), 0.0)
-    assert found > 2000 and stored > 4000 and evicted > 100, (found, stored, evicted)
+        draws = np.array([rng.randrange(1 << 64) for _ in range(rng.randrange(1, 64))], np.uint64)
+        room_key = rng.choice([None, encode_key(rng.choice(keys))[0], b"absent"])
+        left = finders[0].make_room(view, room_key, rng.choice([0, 1, 1 << 20]),
+                                    rng.randrange(1, 6), draws, rng.randrange(1, 17), 0.0)
+        rounds += left is not None
+    assert found > 2000 and stored > 4000 and evicted > 100 and rounds > 100, (
+        found, stored, evicted, rounds)
 finally:
     pool.close()
     kvcache.destroy(name)
