@@ -674,14 +674,14 @@ PyDoc_STRVAR(make_room_doc,
 "make_room(mapping, key_bytes, num_pages, kind, words, top, now) -> list[int] | None\n\n"
 "Table.room_for_put's first round in a pool whose sampled policy ``kind`` ranks in C\n"
 "(kvcache.fastpath.RANK_KINDS): the regret sample's request for ``key_bytes`` if new\n"
-"(None: made already); then, unless\n"
-"``num_pages`` pages and an entry slot are free already, one round of Evictor.make_room:\n"
-"the sample ``live[words[i] % num_live]`` (``words``: uint64, ``top`` per victim wanted)\n"
-"ranked as ``rank`` ranks it, and its best ``top`` evicted as ``evict`` evicts each,\n"
-"skipping one evicted already. The victims it left to the caller, in order (from the\n"
-"first whose words are out of range; [] for none); None, having changed nothing, where\n"
-"a word it reads before it writes is out of range. The caller holds the pool's lock and\n"
-"asks after it whether there is room.");
+"(None: made already); then, unless ``num_pages`` pages and an entry slot are free\n"
+"already, one round of Evictor.make_room: the sample ``live[words[i] % num_live]``\n"
+"(``words``: uint64, as many per victim wanted as the pool samples) ranked as ``rank``\n"
+"ranks it, and its best ``top`` evicted as ``evict`` evicts each, skipping one evicted\n"
+"already. The victims it left to the caller, in order (from the first whose words are\n"
+"out of range; [] for none); None, having changed nothing, where a word it reads before\n"
+"it writes is out of range. The caller holds the pool's lock and asks after it whether\n"
+"there is room.");
 
 static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || (args[1] != Py_None && !PyBytes_Check(args[1]))) {
