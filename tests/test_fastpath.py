@@ -783,7 +783,7 @@ def test_a_compiled_eviction_round_writes_what_python_writes_or_nothing(data, in
         )
         with engine.lock:
             before = bytes(raw)
-            left = evictor._make_room(key, num_pages, evictor._kind, words, top, now)
+            left = evictor._make_room(key, num_pages, words, top, now)
             if left is None:
                 assert bytes(raw) == before
                 return
@@ -820,7 +820,7 @@ def test_a_round_stops_at_a_victim_it_cannot_follow_and_leaves_the_rest_to_pytho
             order = engine.evictor._rank(live, live.size, engine.clock())
             victims = live[order].tolist()
             views.entries["hash_lo"][victims[2]] ^= 1  # another home slot
-            left = evictor._make_room(None, 1 << 20, evictor._kind, words, live.size, 0.0)
+            left = evictor._make_room(None, 1 << 20, words, live.size, 0.0)
         assert left == victims[2:]
         states = views.entries["state"]
         assert (states[victims[:2]] == 0).all() and (states[victims[2:]] == READY).all()

@@ -357,8 +357,8 @@ try:
         finders[0].rank(view, rng.randrange(1, 6), sample, rng.randrange(1, 17), 0.0)
         draws = np.array([rng.randrange(1 << 64) for _ in range(rng.randrange(1, 64))], np.uint64)
         room_key = rng.choice([None, encode_key(rng.choice(keys))[0], b"absent"])
-        left = finders[0].make_room(view, room_key, rng.choice([0, 1, 1 << 20]),
-                                    rng.randrange(1, 6), draws, rng.randrange(1, 17), 0.0)
+        left = finders[0].make_room(view, rng.randrange(1, 6), room_key,
+                                    rng.choice([0, 1, 1 << 20]), draws, rng.randrange(1, 17), 0.0)
         rounds += left is not None
     assert found > 2000 and stored > 4000 and evicted > 100 and rounds > 100, (
         found, stored, evicted, rounds)

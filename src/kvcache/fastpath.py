@@ -61,7 +61,7 @@ LOCK_BUSY = -1
 counted, a repair due): nothing written; the caller takes the lock and calls again."""
 NO_ROOM = -2
 """``put``'s answer where pages or an entry slot must be freed first: nothing written; the
-caller makes room under the lock (``Table.room_for_put``) and calls again."""
+caller makes room under the lock (``Evictor.room_for_put``) and calls again."""
 
 FIELDS = (
     E.generation,

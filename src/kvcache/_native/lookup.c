@@ -560,13 +560,12 @@ PyDoc_STRVAR(read_doc,
 "A get's hit without the pool's lock: find ``key_bytes`` as ``find_hit`` does, copy its\n"
 "plain value into a new ``bytes`` (``target`` None) or its payload to the start of the\n"
 "writable buffer ``target`` (answering its length), summed against its checksum with\n"
-"``verify``, and touch it as a hit.\n"
-"The copy is kept only if the entry's generation and state did not change meanwhile\n"
-"(a seqlock; copies overtaken are tried again, a few times). None for anything else:\n"
-"a miss, an expired entry, a value too large for ``target``, a failed sum, a pool\n"
-"retired or with\n"
-"flock-only users attached, or a platform without the store order this relies on:\n"
-"the caller then takes the lock and reads as before, which decides.");
+"``verify``, and touch it as a hit. The copy is kept only if the entry's generation and\n"
+"state did not change meanwhile (a seqlock; copies overtaken are tried again, a few\n"
+"times). None for anything else: a miss, an expired entry, a value too large for\n"
+"``target``, a failed sum, a pool retired or with flock-only users attached, or a\n"
+"platform without the store order this relies on: the caller then takes the lock and\n"
+"reads as before, which decides.");
 
 static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyBytes_Check(args[1])) {

@@ -1,7 +1,7 @@
 /* A small put in C: kvcache.engine.table.Table.reserve, the copy of the entry's bytes
  * (summed in the same pass) and Table.publish, in one call under the pool's lock; the
  * eviction of one victim (Evictor.evict_one) that makes room for a put, and the first
- * round of that room for a sampled policy ranked in C (Evictor.room_for_put).
+ * round of that room for a sampled policy ranked in C (Evictor.room_for_put's).
  *
  * Part of kvcache._lookup (lookup.c includes it: one translation unit, so xxhash's
  * dispatch is compiled in once). It serves pools whose policy keeps no queues, and
@@ -671,8 +671,8 @@ static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 PyDoc_STRVAR(make_room_doc,
-"make_room(mapping, key_bytes, num_pages, kind, words, top, now) -> list[int] | None\n\n"
-"Table.room_for_put's first round in a pool whose sampled policy ``kind`` ranks in C\n"
+"make_room(mapping, kind, key_bytes, num_pages, words, top, now) -> list[int] | None\n\n"
+"Evictor.room_for_put's first round in a pool whose sampled policy ``kind`` ranks in C\n"
 "(kvcache.fastpath.RANK_KINDS): the regret sample's request for ``key_bytes`` if new\n"
 "(None: made already); then, unless ``num_pages`` pages and an entry slot are free\n"
 "already, one round of Evictor.make_room: the sample ``live[words[i] % num_live]``\n"
@@ -684,12 +684,12 @@ PyDoc_STRVAR(make_room_doc,
 "there is room.");
 
 static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || (args[1] != Py_None && !PyBytes_Check(args[1]))) {
-        PyErr_SetString(PyExc_TypeError, "make_room takes mapping, key_bytes, num_pages, kind, "
+    if (nargs != 7 || (args[2] != Py_None && !PyBytes_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "make_room takes mapping, kind, key_bytes, num_pages, "
                                          "words, top and now");
         return NULL;
     }
-    int64_t num_pages = PyLong_AsLongLong(args[2]), kind = PyLong_AsLongLong(args[3]);
+    int64_t kind = PyLong_AsLongLong(args[1]), num_pages = PyLong_AsLongLong(args[3]);
     int64_t top = PyLong_AsLongLong(args[5]);
     double now = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred()) return NULL;
@@ -710,8 +710,8 @@ static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     int64_t num_live = load(map, f->field[F_NUM_LIVE]);
     Candidate best[RANK_TOP_MAX];
     Plan p = {.regret = -1};
-    if (args[1] != Py_None) { /* Table.room_for_put's request */
-        key_hash(PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]), &p.lo, &p.hi);
+    if (args[2] != Py_None) { /* Table.request */
+        key_hash(PyBytes_AS_STRING(args[2]), (size_t)PyBytes_GET_SIZE(args[2]), &p.lo, &p.hi);
         int64_t old = probe(f, map, p.lo, p.hi);
         if (old == NOT_HERE || (old == ABSENT && !regret_record(f, map, &p, &p.regret)))
             goto done;
@@ -736,12 +736,7 @@ static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         if (load(entry_at(f, map, eid), f->field[F_STATE]) != READY) continue; /* drawn twice */
         if (!evict_one(f, map, eid, now)) break;
     }
-    result = PyList_New((Py_ssize_t)(kept > at ? kept - at : 0));
-    for (int64_t i = at; result != NULL && i < kept; i++) {
-        PyObject *eid = PyLong_FromLongLong(ids[best[i].place]);
-        if (eid == NULL) Py_CLEAR(result);
-        else PyList_SET_ITEM(result, (Py_ssize_t)(i - at), eid);
-    }
+    result = ranked_list(best + at, kept > at ? kept - at : 0, ids);
 done:
     PyMem_Free(ids);
     PyBuffer_Release(&words);

@@ -73,6 +73,19 @@ static int64_t rank_sample(const Finder *f, const char *map, int64_t kind, const
     return kept;
 }
 
+/* The ``count`` candidates ``best`` as a list: their places in the sample, or with ``ids``
+ * (the sample) their entry ids; NULL with an exception set. */
+static PyObject *ranked_list(const Candidate *best, int64_t count, const int64_t *ids) {
+    PyObject *list = PyList_New((Py_ssize_t)count);
+    for (int64_t i = 0; list != NULL && i < count; i++) {
+        int64_t place = best[i].place;
+        PyObject *item = PyLong_FromLongLong(ids == NULL ? place : ids[place]);
+        if (item == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+}
+
 PyDoc_STRVAR(rank_doc,
 "rank(mapping, kind, ids, top, now) -> list[int] | None\n\n"
 "The places in ``ids`` (an int64 buffer of entry ids: a sample) of the best ``top``\n"
@@ -102,14 +115,7 @@ static PyObject *rank(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     int64_t kept = -1;
     if (view.len >= f->total_bytes && ids.len % 8 == 0)
         kept = rank_sample(f, view.buf, kind, ids.buf, ids.len / 8, top, now, best);
-    if (kept >= 0) {
-        result = PyList_New((Py_ssize_t)kept);
-        for (int64_t i = 0; result != NULL && i < kept; i++) {
-            PyObject *place = PyLong_FromLongLong(best[i].place);
-            if (place == NULL) Py_CLEAR(result);
-            else PyList_SET_ITEM(result, (Py_ssize_t)i, place);
-        }
-    }
+    if (kept >= 0) result = ranked_list(best, kept, NULL);
     PyBuffer_Release(&ids);
     PyBuffer_Release(&view);
     if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);

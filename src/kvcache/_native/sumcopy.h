@@ -54,8 +54,7 @@ XXH_FORCE_INLINE void prefetch_ahead(const Ahead *ahead, const xxh_u8 *in) {
 /* The stripe loop for one instruction set: xxh3's accumulate for ``stripes`` stripes of
  * ``from`` (secret stepping by XXH_SECRET_CONSUME_RATE), each stripe stored to ``to`` from
  * the registers its sum just loaded it into (copybytes.h's copy_line: the compiler keeps
- * one load), prefetching
- * ``ahead``. */
+ * one load), prefetching ``ahead``. */
 #define DEFINE_SUM_COPY(suffix, target)                                                       \
     XXH_FORCE_INLINE target void accumulate_copying_##suffix(                                \
         xxh_u64 *acc, const xxh_u8 *from, char *to, const xxh_u8 *secret, size_t stripes,    \

@@ -10,7 +10,7 @@ table's ``make_room`` and calls it, under the lock, for explicit evictions:
   not back more pages (a full /dev/shm, or the memory check), it runs again
   counting only the pages the pool already has: the pool stops growing and
   keeps serving puts by eviction. Where the compiled put found no room,
-  ``room_for_put`` makes its first round in one compiled call.
+  ``room_for_put`` makes the room, its first round in one compiled call.
 - ``Store.evict`` ranks every entry exactly (``rank_all``) and removes them in
   batches, releasing the lock between batches.
 """
@@ -27,13 +27,7 @@ import numpy as np
 from .. import fastpath, native
 from ..errors import OutOfSharedMemoryError, PoolFullError, corrupt
 from ..layout import ENTRY_WORDS, READY, WRITING, E, H
-from ..policies import (
-    EVICTION_BATCH,
-    QueuePolicy,
-    ScoreContext,
-    choose_victims,
-    rank_victims,
-)
+from ..policies import QueuePolicy, ScoreContext, choose_victims, rank_victims, sample_batch
 from ..procs import ProcessTable
 from .table import Table
 
@@ -107,8 +101,7 @@ class Evictor:
         ranked_in_c = writer is not None and kind is not None
         raw = table.views.raw
         self._rank = partial(writer.rank, raw, kind) if ranked_in_c else None
-        self._make_room = partial(writer.make_room, raw) if ranked_in_c else None
-        self._kind = kind
+        self._make_room = partial(writer.make_room, raw, kind) if ranked_in_c else None
         self.name = table.name
         self.config = table.config
         self._hq, self._hd = table.hq, table.hd
@@ -163,33 +156,42 @@ class Evictor:
                     return
 
     def room_for_put(self, key_bytes: bytes, num_pages: int) -> None:
-        """``Table.room_for_put``, its first round of eviction in one compiled call where the
-        policy ranks in C: the request, a sample drawn, ranked and its best evicted, what
-        ``make_room`` would do with the same random words. A due tidy comes first, in
-        ``make_room``'s order (the request, room?, the tidy); a round that left no room is
-        followed by Python's."""
-        if self._make_room is None:
-            self.table.room_for_put(key_bytes, num_pages)
-            return
-        h, samples = self._hq, self.config.eviction_samples
+        """What ``Table.reserve`` does before it takes pages, for a fresh put without a
+        parent in a pool whose policy keeps no queues: a new key is a request for the
+        regret sample, then room is made. The compiled put, told there is no room, calls
+        this and tries again."""
+        make_room = self._make_room
+        if make_room is None or not self._first_round(make_room, key_bytes, num_pages):
+            self.table.request(key_bytes)
+        self.table.room(num_pages)
+
+    def _first_round(
+        self, make_room: Callable[..., list[int] | None], key_bytes: bytes, num_pages: int
+    ) -> bool:
+        """``room_for_put``'s request and first round of eviction, in one compiled call (a
+        sample drawn, ranked and its best evicted: what ``make_room`` does with the same
+        random words), after a due tidy in ``make_room``'s order (the request, room?, the
+        tidy); whether the request was made."""
+        h = self._hq
         key: bytes | None = key_bytes
         if h[H.puts] >= h[H.next_sweep_puts]:
             self.table.request(key_bytes)
-            key = None
             if self.has_room(num_pages):
-                return
+                return True
             self.tidy(force=False)
-        live = h[H.num_live]
-        if live > samples and (key is not None or not self.has_room(num_pages)):
-            top = min(EVICTION_BATCH, live // samples)
-            words = self._rng.bit_generator.random_raw(samples * top)
-            left = self._make_room(key, num_pages, self._kind, words, top, self._clock())
-            if left is not None:
-                key = None
-                for eid in left:  # from one whose words C would not follow: Python decides
-                    if self._eq[eid * ENTRY_WORDS + E.state] == READY:
-                        self.evict_one(eid)
-        self.table.room_for_put(key_bytes, num_pages, requested=key is None)
+            key = None
+        samples = self.config.eviction_samples
+        top = sample_batch(h[H.num_live], samples)
+        if not top or (key is None and self.has_room(num_pages)):
+            return key is None
+        words = self._rng.bit_generator.random_raw(samples * top)
+        left = make_room(key, num_pages, words, top, self._clock())
+        if left is None:
+            return key is None
+        for eid in left:  # from one whose words C would not follow: Python decides
+            if self._eq[eid * ENTRY_WORDS + E.state] == READY:
+                self.evict_one(eid)
+        return True
 
     def has_room(self, num_pages: int, *, within_reserved: bool = False) -> bool:
         """Whether ``num_pages`` pages (backed already, ``within_reserved``) and a slot are

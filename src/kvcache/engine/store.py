@@ -437,8 +437,9 @@ class Store:
                         checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
                     if checksum == NO_ROOM:  # the request made with the room: not again
                         self.evictor.room_for_put(key_bytes, self._pages_for(total))
-                        requested = (self.slot, self.serial, 0, True)
-                        checksum = put(self.views.raw, *args, self.clock(), *requested)
+                        checksum = put(  # lock word 0 (held here), the request made
+                            self.views.raw, *args, self.clock(), self.slot, self.serial, 0, True
+                        )
         except (PoolFullError, OutOfSharedMemoryError):
             self.count_error()
             raise

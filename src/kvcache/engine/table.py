@@ -351,7 +351,7 @@ class Table:
                 recalled = self._recall(self.queues, lo, parent_eid)
             else:
                 recalled = RECALL_AT_ADMIT
-        self._room(num_pages, recalled)
+        self.room(num_pages, recalled)
         try:
             first, last = self.allocator.allocate(num_pages)
         except OutOfSharedMemoryError:
@@ -386,15 +386,6 @@ class Table:
         q[base + E.state] = WRITING
         return eid
 
-    def room_for_put(self, key_bytes: bytes, num_pages: int, *, requested: bool = False) -> None:
-        """``reserve``'s steps before it takes pages, for a fresh put without a parent in a
-        pool whose policy keeps no queues (a new key is a request for the regret sample,
-        unless ``requested`` already, then room is made): the compiled put, told there is
-        no room, calls this (through ``Evictor.room_for_put``) and tries again."""
-        if not requested:
-            self.request(key_bytes)
-        self._room(num_pages, -1)
-
     def request(self, key_bytes: bytes) -> None:
         """A put of ``key_bytes``, if this pool does not hold it, is a request for the regret
         sample."""
@@ -402,7 +393,7 @@ class Table:
         if self.index.find(lo, hi) < 0:
             self.regret.request(lo, hi, self.clock)
 
-    def _room(self, num_pages: int, recalled: int) -> None:
+    def room(self, num_pages: int, recalled: int = -1) -> None:
         """``make_room``, where a pool with nothing left to evict and no one writing is
         damaged (its free counts are wrong)."""
         try:

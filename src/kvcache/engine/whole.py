@@ -31,8 +31,7 @@ from .store import Fill, Store
 def has_room(store: Store, num_pages: int) -> bool:
     """Whether ``num_pages`` pages and an entry slot are free now (read without the lock:
     a hint, such as whether moving entries elsewhere is worth the lock)."""
-    table = store.table
-    return table.allocator.num_available() >= num_pages and table.entries.has_free_slot()
+    return store.evictor.has_room(num_pages)
 
 
 def victims_to_move(store: Store, num_pages: int) -> list[EntryRef]:

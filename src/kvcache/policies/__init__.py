@@ -58,6 +58,12 @@ def get_policy(name: str) -> Policy:
         ) from None
 
 
+def sample_batch(num_live: int, num_samples: int) -> int:
+    """The victims one ranked sample gives (``choose_victims``), ``num_samples`` draws
+    each; 0 where the pool is small enough to rank every entry."""
+    return 0 if num_live <= num_samples else min(EVICTION_BATCH, num_live // num_samples)
+
+
 def choose_victims(
     policy: Policy,
     table: np.ndarray,
@@ -88,9 +94,9 @@ def choose_victims(
         draw: ``draw(live_ids, words, ids)``, numpy's ``live_ids[words % live_ids.size]``
             compiled (``kvcache.native.draw``), or None.
     """
-    if live_ids.size <= num_samples:
+    batch = sample_batch(live_ids.size, num_samples)
+    if not batch:
         return live_ids[rank_victims(policy, table[live_ids], ctx)], True
-    batch = min(EVICTION_BATCH, live_ids.size // num_samples)
     # Duplicate draws are harmless: the caller skips ids it already evicted. Raw words
     # modulo the live count (biased by at most live / 2**64) cost a third of rng.integers.
     words = rng.bit_generator.random_raw(num_samples * batch)
@@ -116,4 +122,5 @@ __all__ = [
     "choose_victims",
     "get_policy",
     "rank_victims",
+    "sample_batch",
 ]
