@@ -85,9 +85,17 @@ def ask(name: str, question: int) -> None:
     with kvcache.open(name) as pool, torch.inference_mode():
         model.generate(prompt[:, :8], max_new_tokens=2)  # warm up, as a serving process would be
         pc = kvhf.prefix_cache(pool, model, model_id="demo-llama", chunk_tokens=64)
-        reused = min(pc.lookup(prompt), prompt.shape[1] - 1)
         clock = FirstTokenClock()
-        answer = kvhf.generate(model, pc, prompt, max_new_tokens=NEW_TOKENS, streamer=clock)
+        # kvhf.generate's three steps spelt out, to report the tokens loaded, not promised
+        cache, reused = kvhf.load(pc, prompt)
+        answer = model.generate(
+            prompt,
+            **{kvhf.CACHE_KEYWORD: cache},
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=NEW_TOKENS,
+            streamer=clock,
+        )
+        kvhf.save(pc, answer[0], cache)
         source = "the pool"
         if pool.remote is not None:
             pool.remote.flush()  # what was written through is in Redis before this exits
