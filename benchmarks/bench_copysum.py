@@ -21,7 +21,8 @@ four ways take turns within each repeat and the table shows the median rate and
 its ratio to the raw ``numpy.copyto`` of the same repeats.
 
 The first table times 4 KiB operations on one pool per policy (``lru``, whose hits
-are read without the lock, and ``prefix``, whose hits move its lists under it; 1,000
+are read without the lock, and ``prefix``, whose hits are copied without it and move
+its lists under it; 1,000
 keys, never full) from two child processes, one compiled and one with
 ``KVCACHE_PURE_PYTHON=1``, taking turns (and going first in turn) within each
 repeat; it shows the median rate of each and the median of the per-repeat ratios.

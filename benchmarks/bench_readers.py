@@ -4,16 +4,20 @@ Run from the repository root (the compiled extensions built)::
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_readers.py          # about 40 s
     PYTHONPATH=src .venv/bin/python benchmarks/bench_readers.py --quick  # smoke variant
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_readers.py --policy prefix
 
 Each reader and writer is a process of its own, started for the cell, told to go at
 once and counting its operations for a fixed time. Two ways, taking turns (and going
-first in turn) within each repeat, on one ``lru`` pool of 1,000 4 KiB values, with room
-for the writer's 1,000 more (nothing is evicted: every get is a hit):
+first in turn) within each repeat, on one pool of 1,000 4 KiB values (``lru``, or the
+``--policy`` named), with room for the writer's 1,000 more (nothing is evicted: every
+get is a hit):
 
 - ``locked``: every get takes the pool's lock (the compiled read without the lock is
   switched off in the child), as every get did before;
 - ``unlocked``: the compiled engine as it ships: a hit is read without the lock and
-  kept if the entry's generation did not change meanwhile (``kvcache._lookup``).
+  kept if the entry's generation did not change meanwhile (``kvcache._lookup``); a
+  queue policy's hit (``s3fifo``, ``arc``, ``prefix``) then takes the lock for its
+  lists alone.
 
 Cells: one reader alone (gets/s); two readers at once (their sum, and its ratio to
 one alone in the same repeat); one reader beside a writer that overwrites other keys
@@ -97,12 +101,13 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter cells (smoke)")
+    parser.add_argument("--policy", default="lru", help="the pool's policy (default: lru)")
     args = parser.parse_args()
     if native.Finder is None:
         sys.exit("kvcache._lookup is not built (or KVCACHE_PURE_PYTHON is set)")
     seconds, repeats = (0.5, 1) if args.quick else (2.0, 3)
     name = f"bench-readers-{uuid.uuid4().hex[:8]}"
-    pool = kvcache.create(name, "256M", page_size="16K", policy="lru")  # never full
+    pool = kvcache.create(name, "256M", page_size="16K", policy=args.policy)  # never full
     # per way and cell, per repeat: (rate of the first reader, rate of the cell)
     seen: dict[str, dict[str, list[tuple[float, float]]]] = {
         w: {c: [] for c in CELLS} for w in WAYS
@@ -136,8 +141,8 @@ def main() -> None:
             row.append(f"{rate / 1000:.0f}k/s" + ("" if cell == "1 reader" else f" ({ratio:.2f}x)"))
         rows.append((*row, goals[cell]))
     print_table(
-        f"4 KiB gets per second ({seconds} s cells x {repeats} repeats; ratio to 1 reader "
-        f"of the same way and repeat; {os.cpu_count()} cores)",
+        f"4 KiB gets per second, {args.policy} ({seconds} s cells x {repeats} repeats; ratio "
+        f"to 1 reader of the same way and repeat; {os.cpu_count()} cores)",
         ("cell", *WAYS, "goal (unlocked)"),
         rows,
     )

@@ -101,14 +101,73 @@ def new_pool(
         kvcache.destroy(name)
 
 
+IN_THE_WAY = ["held", "flock user", "dirty", "retired"]
+
+
+@contextlib.contextmanager
+def word_in_the_way(engine, in_the_way: str) -> Iterator[None]:
+    """Plant what keeps a compiled call from taking the lock word itself (``IN_THE_WAY``):
+    the word held by another process, a flock-only process counted, a holder that died
+    mid-way (``dirty``), the pool retired."""
+    at, value = {
+        "held": (H.lock_word, owner_word(engine.slot + 1, 7)),
+        "flock user": (H.flock_users, 1),
+        "dirty": (H.dirty, 1),
+        "retired": (H.retired, 1),
+    }[in_the_way]
+    engine.views.header_q[at] = value
+    try:
+        yield
+    finally:
+        engine.views.header_q[at] = 0
+
+
 @compiled
-def test_every_policy_takes_the_compiled_path_and_only_plain_ones_read_without_the_lock():
+def test_every_policy_takes_the_compiled_path_and_reads_without_the_lock():
+    """On x86-64: a plain policy's read touches its hit alone; a queue policy's takes the
+    lock word for it, so without the word it is left to the lock."""
     for policy in POLICIES:
         with new_pool(policy, Ticks(), pure=False) as pool:
             pool.put("k", b"v")
-            assert pool._engine.table.fast is not None, policy
-            unlocked = pool._engine.table.fast.read(pool._engine.views.raw, b"k", 0.0, None, False)
-            assert (unlocked == b"v") == (policy in PLAIN_POLICIES and X86_64), policy
+            engine = pool._engine
+            assert engine.table.fast is not None, policy
+            read, raw = engine.table.fast.read, engine.views.raw
+            wordless = read(raw, b"k", 0.0, None, False)
+            assert (wordless == b"v") == (policy in PLAIN_POLICIES and X86_64), policy
+            assert (read(raw, b"k", 0.0, None, False, engine.lock.word) == b"v") == X86_64, policy
+
+
+@compiled
+@pytest.mark.skipif(not X86_64, reason="reads take the lock off x86-64 (kvcache._lookup)")
+@pytest.mark.parametrize("policy", ["s3fifo", "arc", "prefix"])
+@pytest.mark.parametrize("in_the_way", IN_THE_WAY)
+def test_a_queue_hit_read_without_the_lock_takes_a_free_word_and_leaves_the_rest_to_it(
+    policy: str, in_the_way: str
+) -> None:
+    """A queue policy's get copies without the lock and makes its hit (a read counted, a
+    move to main's head) under the lock word, which C takes where it is free: the words the
+    locked path writes, and the word and ``dirty`` zero after. Where the word is held, a
+    flock-only process is counted, a holder died mid-way or the pool is retired, the read
+    answers None having written nothing, for the lock to decide."""
+    clock = Ticks()
+    with new_pool(policy, clock, pure=False) as fast, new_pool(policy, clock, pure=True) as ref:
+        for pool in (fast, ref):
+            for i in range(6):
+                pool.put(f"k{i}", bytes([i]) * (3000 if i % 2 else 40))
+        engine = fast._engine
+        header, raw, word = engine.views.header_q, engine.views.raw, engine.lock.word
+        read = engine.table.fast.read
+        assert word  # this process locks by the word
+        for key in ("k0", "k3", "k0", "k5"):  # from probation to main, then read again
+            value = bytes([int(key[1])]) * (3000 if int(key[1]) % 2 else 40)
+            assert read(raw, encode_key(key)[0], clock(), None, False, word) == value
+            assert ref.get(key) == value
+            assert header[H.lock_word] == header[H.dirty] == 0
+        assert_same_segment(fast, ref)
+        with word_in_the_way(engine, in_the_way):
+            before = bytes(raw)
+            assert read(raw, encode_key("k1")[0], clock(), bytearray(3000), False, word) is None
+            assert bytes(raw) == before
 
 
 @compiled
@@ -879,7 +938,7 @@ def test_a_healthy_pools_puts_and_evictions_are_all_taken_in_c(inline: int) -> N
 
 
 @compiled
-@pytest.mark.parametrize("in_the_way", ["held", "flock user", "dirty", "retired"])
+@pytest.mark.parametrize("in_the_way", IN_THE_WAY)
 def test_a_put_takes_a_free_lock_word_itself_and_leaves_anything_else_to_the_lock(
     in_the_way: str,
 ) -> None:
@@ -895,18 +954,10 @@ def test_a_put_takes_a_free_lock_word_itself_and_leaves_anything_else_to_the_loc
         args = (b"key", 0, b"", memoryview(b"v" * 100), 0, math.inf, 0.0, engine.slot, 1)
         assert engine._put(raw, *args, word) not in (None, fastpath.LOCK_BUSY)
         assert header[H.lock_word] == header[H.dirty] == 0
-        planted = {
-            "held": (H.lock_word, owner_word(engine.slot + 1, 7)),
-            "flock user": (H.flock_users, 1),
-            "dirty": (H.dirty, 1),
-            "retired": (H.retired, 1),
-        }
-        at, value = planted[in_the_way]
-        header[at] = value
-        before = bytes(raw)
-        assert engine._put(raw, *args, word) == fastpath.LOCK_BUSY
-        assert bytes(raw) == before
-        header[at] = 0
+        with word_in_the_way(engine, in_the_way):
+            before = bytes(raw)
+            assert engine._put(raw, *args, word) == fastpath.LOCK_BUSY
+            assert bytes(raw) == before
 
 
 @pytest.mark.parametrize("pure", [False, True])

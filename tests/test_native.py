@@ -336,10 +336,12 @@ try:
                 target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)  # malloc'd whole
                 finder.copy_into(view, probe, target, 1 << 16, verify)
             key_bytes = encode_key(key)[0]
-            value = finders[0].read(view, key_bytes, 0.0, None, rng.random() < 0.5)
+            # a queue hit takes the lock word here (0: left to the lock), else touches alone
+            word = rng.choice([(), (0,), (5,)])
+            value = finder.read(view, key_bytes, 0.0, None, rng.random() < 0.5, *word)
             found += value is not None
             target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)
-            finders[0].read(view, key_bytes, 0.0, target, rng.random() < 0.5)
+            finder.read(view, key_bytes, 0.0, target, rng.random() < 0.5, *word)
             found += finder.present(view, key_bytes, 0.0) is True
             for put_key in (key_bytes, f"new{rng.randrange(100)}".encode()):  # replace, add
                 payload = np.full(rng.choice([0, 1, 1000, 5000]), 7, np.uint8)  # malloc'd whole

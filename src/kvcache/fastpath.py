@@ -17,11 +17,14 @@ read finds) and copies the Python way whenever a copy answers None. So the
 compiled path never judges damage to the pool's words itself, and both engines
 answer alike by construction.
 
-``Store.read`` first asks ``read`` for the whole get of a plain hit without the
+``Store.read`` first asks ``read`` for the whole get of a hit without the
 pool's lock (x86-64 only: see ``kvcache._lookup``): the entry's generation,
 read before and after the copy, tells a copy overtaken by a writer; the hit
 counter and the clock tick atomically (``Table.tick``, which holders of the
-lock use too). Whatever ``read`` answers None for takes the locked path above.
+lock use too). A queue policy's hit changes its lists, so ``read`` takes the
+lock's word itself for it once the value is copied, where the word is free (as
+``put`` does): the copy stays outside the lock. Whatever ``read`` answers None
+for takes the locked path above.
 ``contains`` asks ``present`` first in the same way, in a pool of any policy.
 
 ``Store.put_small`` asks ``put`` for a whole put of up to 64 KiB in a pool whose
@@ -183,14 +186,13 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
     )
 
 
-def without_lock(finder: Any, config: PoolConfig) -> tuple[Any, Any]:
-    """``finder``'s calls that this pool may make without its lock, as (``read``,
-    ``present``), each None where it would only ever answer None: ``present`` on a platform
-    that reads this way, ``read`` there too where a hit moves no queues."""
+def without_lock(finder: Any) -> tuple[Any, Any]:
+    """``finder``'s calls that a pool may make without its lock, as (``read``,
+    ``present``), each None where it would only ever answer None: on a platform that
+    reads this way (a queue policy's ``read`` takes the lock for the hit alone)."""
     if finder is None or not native.reads_without_lock:
         return None, None
-    moves_queues = get_policy(config.policy).uses_queues
-    return (None if moves_queues else finder.read), finder.present
+    return finder.read, finder.present
 
 
 RANK_KINDS = {"lru": 1, "fifo": 2, "priority": 3, "ttl": 4, "size": 5}

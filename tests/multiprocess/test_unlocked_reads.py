@@ -135,13 +135,17 @@ def _churned(pool, size: int, verify: str, reader: str) -> dict[str, int]:
 
 
 @needs_unlocked
-@pytest.mark.parametrize("size", [4096, 65536, 1 << 20])  # 1 MiB: copied without the GIL
-def test_a_reader_without_the_lock_never_returns_a_torn_value(make_pool, size) -> None:
+@pytest.mark.parametrize(  # 1 MiB: copied without the GIL; prefix: its hit under the lock
+    "policy, size",
+    [("lru", 4096), ("lru", 65536), ("lru", 1 << 20), ("prefix", 4096), ("prefix", 1 << 20)],
+)
+def test_a_reader_without_the_lock_never_returns_a_torn_value(make_pool, policy, size) -> None:
     """Beside a writer reusing the entries and pages it reads, every value a compiled
     reader gets is whole, checked by the generation alone (values unverified). The same
     churn tears a copy that nothing checks; and with the generation check taken out of
-    ``read`` this test fails (7-9 torn values at 4 KiB, 66-87 at 64 KiB, in 4 s)."""
-    pool = make_pool(f"{(size + 4096) * 2 // 1024}K", page_size="4K", policy="lru")
+    ``read`` this test fails (7-9 torn values at 4 KiB, 66-87 at 64 KiB, in 4 s). A
+    ``prefix`` reader copies without the lock too, and waits for it for its hit alone."""
+    pool = make_pool(f"{(size + 4096) * 2 // 1024}K", page_size="4K", policy=policy)
     report = _churned(pool, size, "off", "read")
     assert report["hits"] > 1000 and report["torn"] == 0, report
     assert report["unlocked"] > report["hits"] // 2, report  # mostly served without the lock
@@ -150,10 +154,15 @@ def test_a_reader_without_the_lock_never_returns_a_torn_value(make_pool, size) -
 
 
 @needs_unlocked
-def test_two_readers_without_the_lock_lose_no_hit_and_keep_the_clock_ahead(make_pool) -> None:
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "prefix"])
+def test_two_readers_without_the_lock_lose_no_hit_and_keep_the_clock_ahead(
+    make_pool, policy
+) -> None:
     """The hit count and the logical clock tick atomically: two readers' gets all count,
-    and no entry's last access passes the clock (check() would report it)."""
-    pool = make_pool("1M", page_size="4K", policy="lru")
+    and no entry's last access passes the clock (check() would report it). A queue
+    policy's hits, each under the lock word taken in C, leave whole lists (check() again;
+    with the word not taken for them, two readers moving entries at once break them)."""
+    pool = make_pool("1M", page_size="4K", policy=policy)
     for key in range(KEYS):
         pool.put(f"k{key}", bytes(64))
     hits = pool.stats().hits

@@ -37,6 +37,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "lockword.h"
 #include "sumcopy.h" /* xxhash, copy_bytes, and sum_copy: the copy riding in the sum */
@@ -84,6 +85,17 @@ enum { HIT_TOUCH = 0, HIT_COUNTS_READS = 1, HIT_MOVES_TO_MAIN = 2 };
 #define UNLOCKED_READS 0
 #endif
 #define UNLOCKED_ATTEMPTS 4 /* copies overtaken by a writer before the lock is taken */
+#if defined(__x86_64__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+/* How long a read's queue hit waits for a lock word another holds before it leaves the
+ * get to the lock's path. A writer's hold in Python lasts tens of microseconds; the
+ * lock's path sleeps in the kernel, and a writer putting without pause took the word
+ * again before a woken reader ran: gets fell to 2k/s beside one (20 us), 48k/s
+ * (200 us), 60k/s (waiting on). */
+#define TOUCH_WAIT_NS 1000000
 
 typedef struct {
     PyObject_HEAD
@@ -555,25 +567,103 @@ static int unchanged(const Finder *f, const char *map, int64_t eid, int64_t gene
            load(entry, f->field[F_STATE]) == READY;
 }
 
+/* The pool's lock for one put or one read's queue hit, taken here as kvcache.lock's
+ * ``__enter__`` takes it where nothing is in the way: the word was free, no flock-only process is counted (it would
+ * need the flock too), the pool is not retired and no holder died mid-way (``dirty``:
+ * repair). The GIL, held while the lock is, keeps this process's other threads out as
+ * the lock's thread lock would. 1 taken; 0 not, and nothing changed. */
+static _Atomic uint64_t *lock_word_at(const Finder *f, char *map) {
+    return (_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8);
+}
+
+static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
+    _Atomic uint64_t *word = lock_word_at(f, map);
+    _Atomic uint64_t *users = (_Atomic uint64_t *)(void *)(map + f->field[F_FLOCK_USERS] * 8);
+    uint64_t seen = 0;
+    if (!atomic_compare_exchange_strong_explicit(word, &seen, mine, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return 0;
+    if (atomic_load_explicit(users, memory_order_seq_cst) == 0 &&
+        load(map, f->field[F_RETIRED]) == 0 && load(map, f->field[F_DIRTY]) == 0)
+        return 1;
+    lock_word_free(word);
+    return 0;
+}
+
+
+static int64_t monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+/* Take the lock word for a read's queue hit, waiting up to TOUCH_WAIT_NS while another
+ * holds it (another reader's hit, a writer's hold), without the GIL: a thread of this
+ * process may be the holder. The word is only ever taken with the GIL held. 1 taken; 0
+ * not (refused with the word free, as take_lock_word refuses, or held too long). */
+static int wait_for_lock_word(const Finder *f, char *map, uint64_t mine) {
+    _Atomic uint64_t *word = lock_word_at(f, map);
+    int64_t deadline = 0;
+    while (!take_lock_word(f, map, mine)) {
+        if (atomic_load_explicit(word, memory_order_relaxed) == 0) return 0;
+        if (!deadline) deadline = monotonic_ns() + TOUCH_WAIT_NS;
+        int late = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (int spins = 0; atomic_load_explicit(word, memory_order_relaxed) != 0; spins++) {
+            if (spins % 64 == 63 && monotonic_ns() > deadline) {
+                late = 1;
+                break;
+            }
+            CPU_RELAX();
+        }
+        Py_END_ALLOW_THREADS
+        if (late) return 0;
+    }
+    return 1;
+}
+
+/* The hit of a read copied without the lock: touched as it is where a hit moves no
+ * queues; a queue policy's hit (queue_hit) under the pool's lock, taken here through
+ * this process's owner word ``mine`` (wait_for_lock_word), the entry checked unchanged
+ * under it and ``dirty`` set while the lists change (a crash mid-way: repair). 1
+ * touched; 0 not, nothing changed: the locked path decides (and copies again). */
+static int touch_read(const Finder *f, char *map, int64_t eid, int64_t generation, double now,
+                      uint64_t mine) {
+    if (f->hit_kind == HIT_TOUCH) return touch(f, map, eid, now);
+    if (!mine || !wait_for_lock_word(f, map, mine)) return 0;
+    int touched = 0;
+    if (unchanged(f, map, eid, generation)) {
+        store(map, f->field[F_DIRTY], 1);
+        touched = touch(f, map, eid, now);
+        store(map, f->field[F_DIRTY], 0);
+    }
+    lock_word_free(lock_word_at(f, map));
+    return touched;
+}
+
 PyDoc_STRVAR(read_doc,
-"read(mapping, key_bytes, now, target, verify) -> bytes | int | None\n\n"
+"read(mapping, key_bytes, now, target, verify, lock_word=0) -> bytes | int | None\n\n"
 "A get's hit without the pool's lock: find ``key_bytes`` as ``find_hit`` does, copy its\n"
 "plain value into a new ``bytes`` (``target`` None) or its payload to the start of the\n"
 "writable buffer ``target`` (answering its length), summed against its checksum with\n"
 "``verify``, and touch it as a hit. The copy is kept only if the entry's generation and\n"
 "state did not change meanwhile (a seqlock; copies overtaken are tried again, a few\n"
-"times). None for anything else: a miss, an expired entry, a value too large for\n"
-"``target``, a failed sum, a pool retired or with flock-only users attached, or a\n"
-"platform without the store order this relies on: the caller then takes the lock and\n"
-"reads as before, which decides.");
+"times). A queue policy's hit changes its lists: it is made under the pool's lock,\n"
+"taken here with ``lock_word`` (as ``put`` takes it) once the value is copied. None for\n"
+"anything else: a miss, an expired entry, a value too large for ``target``, a failed\n"
+"sum, a pool retired or with flock-only users attached, a queue hit without a free\n"
+"lock word, or a platform without the store order this relies on: the caller then\n"
+"takes the lock and reads as before, which decides.");
 
 static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "read takes mapping, key_bytes, now, target and verify");
+    if (nargs < 5 || nargs > 6 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read takes mapping, key_bytes, now, target, verify and lock_word");
         return NULL;
     }
     double now = PyFloat_AsDouble(args[2]);
-    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    uint64_t mine = nargs == 6 ? PyLong_AsUnsignedLongLongMask(args[5]) : 0;
+    if (PyErr_Occurred()) return NULL;
     int verify = PyObject_IsTrue(args[4]);
     if (verify < 0) return NULL;
     if (!UNLOCKED_READS) Py_RETURN_NONE;
@@ -589,7 +679,7 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
     const int64_t *w = f->field;
     /* flock-only users (pure-Python processes, observers) tick the clock with plain
      * stores under the lock, which an unlocked tick beside them could undo */
-    if (f->hit_kind != HIT_TOUCH || view.len < f->total_bytes ||
+    if ((f->hit_kind != HIT_TOUCH && !mine) || view.len < f->total_bytes ||
         load_acquire(map, w[F_RETIRED]) != 0 ||
         load_acquire(map, w[F_FLOCK_USERS]) != 0)
         goto done;
@@ -618,7 +708,8 @@ static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t narg
             Py_XDECREF(value);
             continue; /* overtaken: copy it again */
         }
-        if (intact <= 0 || !touch(f, map, eid, now)) { /* the lock's path decides */
+        /* a failed sum, or a hit not made here: the locked path decides */
+        if (intact <= 0 || !touch_read(f, map, eid, generation, now, mine)) {
             Py_XDECREF(value);
             break;
         }

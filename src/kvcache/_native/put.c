@@ -454,29 +454,6 @@ PyDoc_STRVAR(put_doc,
 "having changed nothing, and the caller takes the lock and calls again. ``requested``:\n"
 "the regret sample's request for a new key was made already (by the room made for it).");
 
-/* The pool's lock for one put, taken here as kvcache.lock's ``__enter__`` takes it where
- * nothing is in the way: the word was free, no flock-only process is counted (it would
- * need the flock too), the pool is not retired and no holder died mid-way (``dirty``:
- * repair). The GIL, held throughout the call, keeps this process's other threads out
- * as the lock's thread lock would. 1 taken; 0 not, and nothing changed. */
-static _Atomic uint64_t *lock_word_at(const Finder *f, char *map) {
-    return (_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8);
-}
-
-static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
-    _Atomic uint64_t *word = lock_word_at(f, map);
-    _Atomic uint64_t *users = (_Atomic uint64_t *)(void *)(map + f->field[F_FLOCK_USERS] * 8);
-    uint64_t seen = 0;
-    if (!atomic_compare_exchange_strong_explicit(word, &seen, mine, memory_order_seq_cst,
-                                                 memory_order_relaxed))
-        return 0;
-    if (atomic_load_explicit(users, memory_order_seq_cst) == 0 &&
-        load(map, f->field[F_RETIRED]) == 0 && load(map, f->field[F_DIRTY]) == 0)
-        return 1;
-    lock_word_free(word);
-    return 0;
-}
-
 static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 10 || nargs > 12 || !PyBytes_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "put takes mapping, key_bytes, flags, header, payload, "

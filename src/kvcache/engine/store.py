@@ -151,7 +151,7 @@ class Store:
         self._reserve, self._publish = table.reserve, table.publish
         self._entry_slices, self._free_entry = table.entry_slices, table.free_entry
         self._drop_damaged = table.drop_damaged
-        self._read_unlocked, self._present = fastpath.without_lock(table.fast, config)
+        self._read_unlocked, self._present = fastpath.without_lock(table.fast)
         self._page_size = geometry.page_size_bytes
         self._pages_for = geometry.pages_for
         self.max_bytes = geometry.num_pages * geometry.page_size_bytes
@@ -225,6 +225,7 @@ class Store:
                         self.clock(),
                         into,
                         self.verify_reads,
+                        self.lock.word,
                     )
                 except (AttributeError, ValueError):
                     self._refuse_if_closed()
