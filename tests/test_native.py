@@ -336,8 +336,10 @@ try:
                 target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)  # malloc'd whole
                 finder.copy_into(view, probe, target, 1 << 16, verify)
             key_bytes = encode_key(key)[0]
-            # a queue hit takes the lock word here (0: left to the lock), else touches alone
+            # a queue hit takes the lock word here (0: left to the lock), else touches alone;
+            # where another holds it (9), the hit is deferred to the header's ring
             word = rng.choice([(), (0,), (5,)])
+            damaged[H.lock_word] = rng.choice([0, 0, 9])
             value = finder.read(view, key_bytes, 0.0, None, rng.random() < 0.5, *word)
             found += value is not None
             target = np.empty(rng.choice([0, 1, 100, 3000]), np.uint8)
@@ -353,6 +355,8 @@ try:
                                      float("inf"), 0.0, 0, 1)
             eid = rng.randrange(-2, g.max_entries + 2) if eid is None else eid
             stored += finders[0].publish(view, eid, rng.randrange(1 << 64), 0.0) is True
+        damaged[H.lock_word] = 0
+        rng.choice(finders).drain(view)  # the deferred hits, the ring's words damaged or not
         finders[0].tick(view, rng.random() < 0.5)
         evicted += finders[0].evict(view, rng.randrange(-2, g.max_entries + 2), 0.0) is True
         sample = np.array([rng.randrange(-1, g.max_entries + 1) for _ in range(100)], np.int64)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -134,13 +134,13 @@ class MetricsRegion:
         self._lock = lock
         self._rows: dict[str, int] = {}  # model -> row, as last found here (checked each use)
 
-    def add(self, bytes_in: int, bytes_out: int, op: int = -1, ns: int = 0) -> None:
-        """Add what a process kept back: value bytes, and a latency sample of ``op`` (if
-        not -1) that took ``ns``; call under the lock."""
+    def add(self, bytes_in: int, bytes_out: int, samples: Iterable[tuple[int, int]] = ()) -> None:
+        """Add what a process kept back: value bytes, and latency samples (op, ns: an
+        ``op`` that took ``ns``); call under the lock."""
         q = self.q
         q[M.bytes_in] += bytes_in
         q[M.bytes_out] += bytes_out
-        if op >= 0:
+        for op, ns in samples:
             q[M.latency + op * NUM_BUCKETS + bucket_of(ns)] += 1
             q[M.latency_ns + op] += ns
 

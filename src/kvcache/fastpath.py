@@ -126,6 +126,9 @@ FIELDS = (
     H.lock_word,
     H.sketch_counted,
     H.used_slots,
+    H.deferred_next,
+    H.deferred_done,
+    H.deferred,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 

@@ -71,7 +71,9 @@ READABLE_VERSIONS = (10, 12, 13)
 ``used_pages``), so that its occupancy is two header words instead of a walk over every
 entry under the lock. Every pool with slots is written as 13: a kvcache reading 11 or 12
 would not keep the count, so it must refuse such a pool, and format-11 pools (and
-format-12 ones with slots) are refused here (persist and restore them).
+format-12 ones with slots) are refused here (persist and restore them). The header later
+gained a ring of queue hits deferred by readers without the lock (``deferred``), in words
+it left zero: a kvcache that does not drain it makes fewer of those hits, nothing else.
 12: a ``prefix`` pool counts requests in a sketch after everything else
 (``sketch_bytes``, ``sketch_offset``, ``sketch_counted``; ``kvcache.sketch``), which its
 policy's admission to main reads. Only such a pool is written as 12: a kvcache reading 11
@@ -124,6 +126,9 @@ slot (not pid) and carry a checksum over their flags, lengths and bytes, and
 wall-clock times; the header's ``retired`` word tells attached processes the
 pool was destroyed or replaced. 1 was the first."""
 HEADER_BYTES = 4096
+DEFERRED_SLOTS = 64
+"""The header's ring of queue hits deferred by readers that found the lock held (at most
+this many wait for its next holder; more are dropped: ``kvcache.fastpath``)."""
 METRICS_OFFSET = HEADER_BYTES
 METRICS_BYTES = 4096
 """The metrics region (format 6): its own page after the header; see ``kvcache.counters``."""
@@ -257,6 +262,11 @@ HEADER_DTYPE = np.dtype(
         ("sketch_counted", "<i8"),
         # format 13: READY and WRITING entries in their inline slot (used_pages' twin)
         ("used_slots", "<i8"),
+        # queue hits that readers without the lock left for the lock's holder (lookup.c's
+        # defer_hit): positions claimed and drained, and the ring (words it left zero)
+        ("deferred_next", "<i8"),
+        ("deferred_done", "<i8"),
+        ("deferred", "<i8", (DEFERRED_SLOTS,)),
     ]
 )
 

@@ -8,15 +8,19 @@ a copy that mixes two writes (torn) shows in its bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 from workers import Deadlock, deadline, start_script, wait_for_line
 
 from kvcache import native
+from kvcache.counters import SAMPLE_ENV
+from kvcache.engine.store import KEPT_SAMPLES
 
 X86_64 = os.uname().machine == "x86_64"
 needs_unlocked = pytest.mark.skipif(
@@ -210,14 +214,9 @@ with pool._engine.lock:
 """
 
 
-@needs_unlocked
-@pytest.mark.parametrize("policy", ["lru", "prefix"])
-def test_a_hit_is_read_while_another_process_holds_the_lock(make_pool, policy) -> None:
-    """``in`` answers a hit while another process holds the pool's lock, whatever the policy
-    (it touches nothing); a get and a get_into of a hit do too where the policy keeps no
-    queues (``prefix`` moves its lists on a hit: under the lock). A miss waits for the lock."""
-    pool = make_pool("1M", page_size="4K", policy=policy)
-    pool.put("k", b"value")
+@contextlib.contextmanager
+def held_by_another_process(pool) -> Iterator[None]:
+    """Another process holds ``pool``'s lock for the block."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, pool.name],
         stdin=subprocess.PIPE,
@@ -226,21 +225,47 @@ def test_a_hit_is_read_while_another_process_holds_the_lock(make_pool, policy) -
     )
     try:
         wait_for_line(holder, "locked", timeout=60)
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+@needs_unlocked
+@pytest.mark.parametrize("policy", ["lru", "prefix"])
+def test_a_hit_is_read_while_another_process_holds_the_lock(make_pool, policy) -> None:
+    """``in`` answers a hit while another process holds the pool's lock, whatever the policy
+    (it touches nothing); so do a get and a get_into of a hit (``prefix`` moves its lists
+    on a hit: it leaves that to the holder, ``Table.drain_deferred``). A miss waits for the
+    lock."""
+    pool = make_pool("1M", page_size="4K", policy=policy)
+    pool.put("k", b"value")
+    with held_by_another_process(pool):
         with deadline(30):
             assert "k" in pool
         gets = [lambda: pool.get("k") == b"value", lambda: pool.get_into("k", bytearray(5)) == 5]
         for get in gets:
-            if policy == "lru":
-                with deadline(30):
-                    assert get()
-            else:
-                with pytest.raises(Deadlock), deadline(0.5):
-                    get()
+            with deadline(30):
+                assert get()
         for miss in (lambda: pool.get("absent"), lambda: "absent" in pool):
             with pytest.raises(Deadlock), deadline(0.5):
                 miss()
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
     assert pool.get("absent") is None and "absent" not in pool
     assert pool.check() == []
+
+
+@needs_unlocked
+def test_a_timed_get_keeps_its_sample_back_while_another_process_holds_the_lock(
+    make_pool, monkeypatch
+) -> None:
+    """A sampled get adds its latency to the shared histograms under the lock; while another
+    process holds it, the get keeps the sample back (``KEPT_SAMPLES`` at most, later ones
+    dropped) instead of waiting, and the next holder here adds them."""
+    monkeypatch.setenv(SAMPLE_ENV, "1")  # every get timed
+    pool = make_pool("1M", page_size="4K", policy="lru")
+    pool.put("k", b"value")
+    before = pool.metrics().latency["get"].count
+    with held_by_another_process(pool), deadline(30):
+        for _ in range(KEPT_SAMPLES + 10):
+            assert pool.get("k") == b"value"
+    assert pool.metrics().latency["get"].count == before + KEPT_SAMPLES

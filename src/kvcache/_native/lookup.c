@@ -37,7 +37,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include "lockword.h"
 #include "sumcopy.h" /* xxhash, copy_bytes, and sum_copy: the copy riding in the sum */
@@ -67,7 +66,7 @@ enum {
     F_FREE_ENTRY_HEAD, F_NEXT_FRESH_ENTRY, F_NUM_LIVE, F_PUTS, F_NEXT_EXPIRY_AT,
     F_REGRET_SECONDS, F_REGRET_SECONDS_SUM, F_REGRET_ACCESSES, F_REGRET_ACCESSES_SUM,
     F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, F_DIRTY, F_LOCK_WORD,
-    F_SKETCH_COUNTED, F_USED_SLOTS,
+    F_SKETCH_COUNTED, F_USED_SLOTS, F_DEFERRED_NEXT, F_DEFERRED_DONE, F_DEFERRED,
     NUM_FIELDS
 };
 
@@ -85,17 +84,6 @@ enum { HIT_TOUCH = 0, HIT_COUNTS_READS = 1, HIT_MOVES_TO_MAIN = 2 };
 #define UNLOCKED_READS 0
 #endif
 #define UNLOCKED_ATTEMPTS 4 /* copies overtaken by a writer before the lock is taken */
-#if defined(__x86_64__)
-#define CPU_RELAX() __builtin_ia32_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
-/* How long a read's queue hit waits for a lock word another holds before it leaves the
- * get to the lock's path. A writer's hold in Python lasts tens of microseconds; the
- * lock's path sleeps in the kernel, and a writer putting without pause took the word
- * again before a woken reader ran: gets fell to 2k/s beside one (20 us), 48k/s
- * (200 us), 60k/s (waiting on). */
-#define TOUCH_WAIT_NS 1000000
 
 typedef struct {
     PyObject_HEAD
@@ -289,16 +277,26 @@ static void count_request(const Finder *f, char *map, int64_t hash_lo, int64_t h
     store(map, f->field[F_SKETCH_COUNTED], 0);
 }
 
+/* A queue policy's part of a hit: queue_hit, and a prefix pool's request count
+ * (kvcache.sketch). */
+static void queue_request(const Finder *f, char *map, int64_t eid) {
+    queue_hit(f, map, eid);
+    if (f->sketch_bytes) {
+        const char *entry = entry_at(f, map, eid);
+        count_request(f, map, load(entry, f->field[F_HASH_LO]), load(entry, f->field[F_HASH_HI]));
+    }
+}
+
 /* Table.lookup's hit: count it, tick the logical clock, age and bump the frequency,
- * do the queue policy's hit (queue_hit), record the access. 0 (nothing written) where
- * a word is outside what Python would compute the same way: Python then does it, or
- * reports the damage. The frequency and access fields are plain stores: two readers
- * touching one entry at once (without the lock) may lose one bump, which only steers
- * eviction. */
-static int touch(const Finder *f, char *map, int64_t eid, double now) {
+ * do the queue policy's hit (queue_hit; with ``queue``, else the caller defers it),
+ * record the access. 0 (nothing written) where a word is outside what Python would
+ * compute the same way: Python then does it, or reports the damage. The frequency and
+ * access fields are plain stores: two readers touching one entry at once (without the
+ * lock) may lose one bump, which only steers eviction. */
+static int touch(const Finder *f, char *map, int64_t eid, double now, int queue) {
     const int64_t *w = f->field;
     char *entry = entry_at(f, map, eid);
-    if (!queue_hit_ok(f, map, entry)) return 0;
+    if (queue && !queue_hit_ok(f, map, entry)) return 0;
     int64_t last_access = load(entry, w[F_LAST_ACCESS]), clock = load(map, w[F_CLOCK]);
     if (f->half_life < 1 || f->half_life >= EXACT_DOUBLE) return 0; /* rounds in Python */
     if (last_access <= -CLOCK_LIMIT || last_access >= CLOCK_LIMIT) return 0;
@@ -318,9 +316,7 @@ static int touch(const Finder *f, char *map, int64_t eid, double now) {
     clock = ticked;
     store_double(entry, w[F_FREQ], load_double(entry, w[F_FREQ]) * decay + 1.0);
     store(entry, w[F_LAST_ACCESS], clock);
-    queue_hit(f, map, eid);
-    if (f->sketch_bytes) /* a prefix pool's request counts (kvcache.sketch) */
-        count_request(f, map, load(entry, w[F_HASH_LO]), load(entry, w[F_HASH_HI]));
+    if (queue) queue_request(f, map, eid);
     store_double(entry, w[F_ACCESSED_AT], now);
     return 1;
 }
@@ -359,7 +355,7 @@ static PyObject *find_hit(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
             double expires_at = load_double(entry, w[F_EXPIRES_AT]);
             int expired = expires_at != INFINITY && expires_at <= now;
             if (load(entry, w[F_STATE]) == READY && !expired &&
-                holds_key(f, map, eid, key, key_len) && (!count || touch(f, map, eid, now)))
+                holds_key(f, map, eid, key, key_len) && (!count || touch(f, map, eid, now, 1)))
                 found = eid;
         }
     }
@@ -591,54 +587,100 @@ static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
 }
 
 
-static int64_t monotonic_ns(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+/* Queue hits deferred (kvcache.layout's ``deferred`` ring in the header): a reader that
+ * finds the lock word held does its hit's own words without the lock, as a plain
+ * policy's reader does, and leaves the queue policy's part (queue_request) in the ring
+ * for the lock's next holder. A ring word is (the entry's generation's low 32 bits) << 32
+ * | (its id + 1); 0 is empty. A reader claims a position (``deferred_next``) and fills
+ * its word if it is empty, else drops the hit (a full ring: only the eviction order
+ * suffers); the holder drains the positions since ``deferred_done``. */
+#define DEFERRED_SLOTS 64 /* kvcache.layout.DEFERRED_SLOTS */
+
+static _Atomic int64_t *deferred_at(const Finder *f, char *map, uint64_t position) {
+    return (_Atomic int64_t *)(void *)(map + (f->field[F_DEFERRED] + position % DEFERRED_SLOTS) * 8);
 }
 
-/* Take the lock word for a read's queue hit, waiting up to TOUCH_WAIT_NS while another
- * holds it (another reader's hit, a writer's hold), without the GIL: a thread of this
- * process may be the holder. The word is only ever taken with the GIL held. 1 taken; 0
- * not (refused with the word free, as take_lock_word refuses, or held too long). */
-static int wait_for_lock_word(const Finder *f, char *map, uint64_t mine) {
-    _Atomic uint64_t *word = lock_word_at(f, map);
-    int64_t deadline = 0;
-    while (!take_lock_word(f, map, mine)) {
-        if (atomic_load_explicit(word, memory_order_relaxed) == 0) return 0;
-        if (!deadline) deadline = monotonic_ns() + TOUCH_WAIT_NS;
-        int late = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (int spins = 0; atomic_load_explicit(word, memory_order_relaxed) != 0; spins++) {
-            if (spins % 64 == 63 && monotonic_ns() > deadline) {
-                late = 1;
-                break;
-            }
-            CPU_RELAX();
-        }
-        Py_END_ALLOW_THREADS
-        if (late) return 0;
+/* Leave entry ``eid``'s queue hit (read at ``generation``) for the lock's holder. */
+static void defer_hit(const Finder *f, char *map, int64_t eid, int64_t generation) {
+    if (eid + 1 > UINT32_MAX) return;
+    _Atomic int64_t *next = (_Atomic int64_t *)(void *)(map + f->field[F_DEFERRED_NEXT] * 8);
+    uint64_t position = (uint64_t)atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
+    int64_t empty = 0, word = (int64_t)(((uint64_t)generation << 32) | (uint64_t)(eid + 1));
+    atomic_compare_exchange_strong_explicit(deferred_at(f, map, position), &empty, word,
+                                            memory_order_release, memory_order_relaxed);
+}
+
+/* The queue hits readers deferred since the last drain, oldest first, each made where
+ * its entry is still the READY one the reader read and its words are in range
+ * (queue_hit_ok); how many. The caller holds the lock. */
+static int64_t drain_deferred(const Finder *f, char *map) {
+    const int64_t *w = f->field;
+    int64_t next = atomic_load_explicit((_Atomic int64_t *)(void *)(map + w[F_DEFERRED_NEXT] * 8),
+                                        memory_order_acquire);
+    int64_t done = load(map, w[F_DEFERRED_DONE]), made = 0;
+    if (next == done) return 0;
+    uint64_t from = (uint64_t)done, to = (uint64_t)next; /* damaged words: at most a lap */
+    if (to - from > DEFERRED_SLOTS) from = to - DEFERRED_SLOTS;
+    for (uint64_t position = from; position != to; position++) {
+        int64_t word = atomic_exchange_explicit(deferred_at(f, map, position), 0,
+                                                memory_order_acquire);
+        int64_t eid = (int64_t)(word & 0xFFFFFFFF) - 1;
+        if (eid < 0 || eid >= f->max_entries) continue;
+        const char *entry = entry_at(f, map, eid);
+        if (load(entry, w[F_STATE]) != READY ||
+            (uint32_t)load(entry, w[F_GENERATION]) != (uint32_t)((uint64_t)word >> 32) ||
+            !queue_hit_ok(f, map, entry))
+            continue;
+        queue_request(f, map, eid);
+        made++;
     }
-    return 1;
+    store(map, w[F_DEFERRED_DONE], next);
+    return made;
 }
 
 /* The hit of a read copied without the lock: touched as it is where a hit moves no
- * queues; a queue policy's hit (queue_hit) under the pool's lock, taken here through
- * this process's owner word ``mine`` (wait_for_lock_word), the entry checked unchanged
- * under it and ``dirty`` set while the lists change (a crash mid-way: repair). 1
- * touched; 0 not, nothing changed: the locked path decides (and copies again). */
+ * queues. A queue policy's hit (queue_request) needs the pool's lock: taken here through
+ * this process's owner word ``mine`` where it is free (the hits deferred before it
+ * first), the entry checked unchanged under it and ``dirty`` set while the lists change
+ * (a crash mid-way: repair); where another holds it, deferred (defer_hit). 1 touched; 0
+ * not, nothing changed: the locked path decides (and copies again). */
 static int touch_read(const Finder *f, char *map, int64_t eid, int64_t generation, double now,
                       uint64_t mine) {
-    if (f->hit_kind == HIT_TOUCH) return touch(f, map, eid, now);
-    if (!mine || !wait_for_lock_word(f, map, mine)) return 0;
-    int touched = 0;
-    if (unchanged(f, map, eid, generation)) {
+    if (f->hit_kind == HIT_TOUCH) return touch(f, map, eid, now, 1);
+    if (!mine) return 0;
+    if (take_lock_word(f, map, mine)) {
+        int touched = 0;
         store(map, f->field[F_DIRTY], 1);
-        touched = touch(f, map, eid, now);
+        drain_deferred(f, map);
+        if (unchanged(f, map, eid, generation)) touched = touch(f, map, eid, now, 1);
         store(map, f->field[F_DIRTY], 0);
+        lock_word_free(lock_word_at(f, map));
+        return touched;
     }
-    lock_word_free(lock_word_at(f, map));
-    return touched;
+    /* refused with the word free (a flock user counted, repair due): the lock's path */
+    if (atomic_load_explicit(lock_word_at(f, map), memory_order_relaxed) == 0) return 0;
+    if (!touch(f, map, eid, now, 0)) return 0;
+    defer_hit(f, map, eid, generation);
+    return 1;
+}
+
+PyDoc_STRVAR(drain_doc,
+"drain(mapping) -> int\n\n"
+"Make the queue hits that readers without the lock deferred while another held it\n"
+"(oldest first, each whose entry is still the one read); how many. The caller holds\n"
+"the pool's lock; a pool whose policy keeps no queues defers none.");
+
+static PyObject *drain(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "drain takes the mapping");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    int64_t made = 0;
+    if (f->hit_kind != HIT_TOUCH && view.len >= f->total_bytes) made = drain_deferred(f, view.buf);
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(made);
 }
 
 PyDoc_STRVAR(read_doc,
@@ -831,6 +873,7 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
     for (int i = F_HITS; ok && i < NUM_FIELDS; i++) ok = w[i] >= 0 && w[i] < 512; /* header */
     ok = ok && w[F_REGRET_RING] + REGRET_RECORDS * REGRET_RECORD_WORDS <= 512 &&
          w[F_REGRET_SECONDS] + SECONDS_BOUNDS < 512 && w[F_REGRET_ACCESSES] + ACCESS_BOUNDS < 512 &&
+         w[F_DEFERRED] + DEFERRED_SLOTS <= 512 &&
          f->regret_mask >= 0 && f->regret_mask < limit;
     ok = ok && (f->entries_offset | f->index_offset | f->page_next_offset | f->data_offset) % 8 == 0;
     int64_t data_bytes = 0, entry_bytes = 0;
@@ -875,6 +918,7 @@ static PyMethodDef finder_methods[] = {
     {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL, publish_doc},
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL, rank_doc},
     {"make_room", (PyCFunction)(void (*)(void))make_room, METH_FASTCALL, make_room_doc},
+    {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL, drain_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -918,7 +962,8 @@ PyMODINIT_FUNC PyInit__lookup(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddIntConstant(m, "UNLOCKED_READS", UNLOCKED_READS) < 0) {
+    if (PyModule_AddIntConstant(m, "UNLOCKED_READS", UNLOCKED_READS) < 0 ||
+        PyModule_AddIntConstant(m, "DEFERRED_SLOTS", DEFERRED_SLOTS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

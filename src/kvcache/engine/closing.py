@@ -70,6 +70,7 @@ def after_fork(store: Store) -> None:
     """
     store.lock.reopen_after_fork()
     store.bytes_in = store.bytes_out = 0  # what the parent kept back is the parent's
+    store.samples = []
     if store.observing:
         return
     try:

@@ -238,6 +238,7 @@ class Evictor:
     def choose_victims(self, recalled: int = -1) -> tuple[np.ndarray, bool]:
         """Victims best first, and whether they are exact (evict only as many as needed)."""
         if self._queues is not None and self._hq[H.num_live]:
+            self.table.drain_deferred()
             policy = cast(QueuePolicy, self._policy)
             eid = policy.victim(self._queues, recalled)
             if eid < 0:  # the tail (checked live) of an empty list that the counts call full
@@ -257,6 +258,7 @@ class Evictor:
 
     def rank_all(self) -> list[tuple[int, int]]:
         """Every live entry as (id, generation), best victim first."""
+        self.table.drain_deferred()
         ids = self._entries.live_ids()
         records = self._views.entries[ids]
         order = rank_victims(self._policy, records, self.score_context())

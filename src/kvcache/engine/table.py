@@ -386,6 +386,12 @@ class Table:
         q[base + E.state] = WRITING
         return eid
 
+    def drain_deferred(self) -> None:
+        """Make the queue hits that compiled readers deferred while another process held the
+        lock (``kvcache.fastpath``), before anything reads the queues' order."""
+        if self.queues is not None and self.fast is not None:
+            self.fast.drain(self.views.raw)
+
     def request(self, key_bytes: bytes) -> None:
         """A put of ``key_bytes``, if this pool does not hold it, is a request for the regret
         sample."""
