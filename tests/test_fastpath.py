@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, fastpath, native
 from kvcache.keys import encode_key, key_hash
-from kvcache.layout import ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, READY, E, H
+from kvcache.layout import DEFERRED_SLOTS, ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, READY, E, H
 from kvcache.lock import owner_word
 from kvcache.policies import POLICIES, rank_victims
 from kvcache.policies.base import RANKING_FIELDS
@@ -181,6 +181,14 @@ def test_a_queue_hit_read_without_the_lock_takes_a_free_word_or_leaves_it_to_the
             before = bytes(raw)
             assert read(raw, encode_key("k1")[0], clock(), bytearray(3000), False, word) is None
             assert bytes(raw) == before
+
+
+@compiled
+def test_the_ring_of_deferred_hits_is_as_long_in_c_as_in_the_layout() -> None:
+    from kvcache import _lookup  # type: ignore[attr-defined]
+
+    assert _lookup.DEFERRED_SLOTS == DEFERRED_SLOTS
+    assert HEADER_DTYPE.fields["deferred"][0].shape == (DEFERRED_SLOTS,)
 
 
 @compiled

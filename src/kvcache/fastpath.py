@@ -23,8 +23,10 @@ read before and after the copy, tells a copy overtaken by a writer; the hit
 counter and the clock tick atomically (``Table.tick``, which holders of the
 lock use too). A queue policy's hit changes its lists, so ``read`` takes the
 lock's word itself for it once the value is copied, where the word is free (as
-``put`` does): the copy stays outside the lock. Whatever ``read`` answers None
-for takes the locked path above.
+``put`` does), or leaves the queue part to the word's holder (``drain``, which
+``Table.drain_deferred`` calls before anything reads the queues' order): the
+copy stays outside the lock and the get never waits for it. Whatever ``read``
+answers None for takes the locked path above.
 ``contains`` asks ``present`` first in the same way, in a pool of any policy.
 
 ``Store.put_small`` asks ``put`` for a whole put of up to 64 KiB in a pool whose
@@ -192,7 +194,8 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
 def without_lock(finder: Any) -> tuple[Any, Any]:
     """``finder``'s calls that a pool may make without its lock, as (``read``,
     ``present``), each None where it would only ever answer None: on a platform that
-    reads this way (a queue policy's ``read`` takes the lock for the hit alone)."""
+    reads this way (a queue policy's ``read`` takes the lock for its hit alone, or leaves
+    the hit to the holder)."""
     if finder is None or not native.reads_without_lock:
         return None, None
     return finder.read, finder.present

@@ -564,10 +564,11 @@ static int unchanged(const Finder *f, const char *map, int64_t eid, int64_t gene
 }
 
 /* The pool's lock for one put or one read's queue hit, taken here as kvcache.lock's
- * ``__enter__`` takes it where nothing is in the way: the word was free, no flock-only process is counted (it would
- * need the flock too), the pool is not retired and no holder died mid-way (``dirty``:
- * repair). The GIL, held while the lock is, keeps this process's other threads out as
- * the lock's thread lock would. 1 taken; 0 not, and nothing changed. */
+ * ``__enter__`` takes it where nothing is in the way: the word was free, no flock-only
+ * process is counted (it would need the flock too), the pool is not retired and no
+ * holder died mid-way (``dirty``: repair). The GIL, held while the lock is, keeps this
+ * process's other threads out as the lock's thread lock would. 1 taken; 0 not, and
+ * nothing changed. */
 static _Atomic uint64_t *lock_word_at(const Finder *f, char *map) {
     return (_Atomic uint64_t *)(void *)(map + f->field[F_LOCK_WORD] * 8);
 }
@@ -585,7 +586,6 @@ static int take_lock_word(const Finder *f, char *map, uint64_t mine) {
     lock_word_free(word);
     return 0;
 }
-
 
 /* Queue hits deferred (kvcache.layout's ``deferred`` ring in the header): a reader that
  * finds the lock word held does its hit's own words without the lock, as a plain
@@ -691,10 +691,11 @@ PyDoc_STRVAR(read_doc,
 "``verify``, and touch it as a hit. The copy is kept only if the entry's generation and\n"
 "state did not change meanwhile (a seqlock; copies overtaken are tried again, a few\n"
 "times). A queue policy's hit changes its lists: it is made under the pool's lock,\n"
-"taken here with ``lock_word`` (as ``put`` takes it) once the value is copied. None for\n"
-"anything else: a miss, an expired entry, a value too large for ``target``, a failed\n"
-"sum, a pool retired or with flock-only users attached, a queue hit without a free\n"
-"lock word, or a platform without the store order this relies on: the caller then\n"
+"taken here with ``lock_word`` (as ``put`` takes it) once the value is copied, or,\n"
+"where another holds it, left to that holder (``drain``). None for anything else: a\n"
+"miss, an expired entry, a value too large for ``target``, a failed sum, a pool\n"
+"retired or with flock-only users attached, a queue hit without ``lock_word`` or with\n"
+"a repair due, or a platform without the store order this relies on: the caller then\n"
 "takes the lock and reads as before, which decides.");
 
 static PyObject *read_unlocked(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
