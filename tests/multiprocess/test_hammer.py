@@ -35,6 +35,18 @@ POOLS = {
     "4M-16K-lru-inline": dict(
         size="4M", page_size="16K", policy="lru", inline_bytes=1024, key_space=80, max_size=300_000
     ),
+    # queue policies: hits move lists (under the lock word, or deferred to its holder)
+    "4M-16K-prefix": dict(
+        size="4M", page_size="16K", policy="prefix", key_space=80, max_size=300_000
+    ),
+    "4M-16K-s3fifo-inline": dict(
+        size="4M",
+        page_size="16K",
+        policy="s3fifo",
+        inline_bytes=1024,
+        key_space=80,
+        max_size=300_000,
+    ),
 }
 
 
@@ -78,6 +90,9 @@ def test_processes_hammer_one_small_pool(make_pool, shape: str) -> None:
         results = [children.result(proc, timeout=SECONDS + 30) for proc in procs]
     _assert_consistent(pool, results)
     assert set(pool.stats().attached).isdisjoint(p.pid for p in procs)  # they closed and left
+    if params["policy"] in ("prefix", "s3fifo") and pool._engine._read_unlocked is not None:
+        deferred = pool._engine.views.header["deferred_next"]
+        assert deferred > 0, "no get left its queue hit to the lock's holder"
 
 
 @pytest.mark.parametrize("shape", ["8M-16K-fifo", "4M-16K-lru-inline"])
