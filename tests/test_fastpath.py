@@ -194,13 +194,16 @@ def test_the_ring_of_deferred_hits_is_as_long_in_c_as_in_the_layout() -> None:
 @compiled
 @pytest.mark.skipif(not X86_64, reason="reads take the lock off x86-64 (kvcache._lookup)")
 @pytest.mark.parametrize("policy", ["s3fifo", "arc", "prefix"])
-def test_a_queue_hit_read_while_another_holds_the_lock_is_made_by_the_holder(policy: str):
+@pytest.mark.parametrize("holder", ["drain", "put", "evict"])
+def test_a_queue_hit_read_while_another_holds_the_lock_is_made_by_the_holder(
+    policy: str, holder: str
+) -> None:
     """Where another process holds the lock word, a queue policy's get is answered at once:
     its hit's own words (the clock, the count, the access) are written without the lock
-    and its queue part left in the header's ring, which the lock's holder makes before it
-    next chooses a victim (``Table.drain_deferred``). The segment then holds what the
-    locked path's hits leave; with the ring not drained it does not (entries stay on
-    probation)."""
+    and its queue part left in the header's ring, which the lock's next holder makes before
+    it queues a put or chooses a victim (``Table.drain_deferred``). The segment then holds
+    what the locked path's hits leave (a put and an evict after them included); with the
+    ring not drained it does not (entries stay on probation)."""
     with queue_pools(policy) as (fast, ref, clock):
         engine = fast._engine
         raw, word, read = engine.views.raw, engine.lock.word, engine.table.fast.read
@@ -213,8 +216,14 @@ def test_a_queue_hit_read_while_another_holds_the_lock_is_made_by_the_holder(pol
         assert engine.views.header["deferred_next"] == len(keys)
         with pytest.raises(AssertionError):
             assert_same_segment(fast, ref, positions)  # the queue moves wait in the ring
-        with engine.lock:
-            engine.table.drain_deferred()
+        for pool in (fast, ref):
+            if holder == "drain":
+                with pool._engine.lock:
+                    pool._engine.table.drain_deferred()
+            elif holder == "put":
+                pool.put("k9", b"new")
+            else:
+                pool.evict(percent=30)
         assert engine.views.header["deferred_done"] == len(keys)
         assert_same_segment(fast, ref, positions)
         with engine.lock:  # drained once: nothing is made twice

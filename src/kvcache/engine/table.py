@@ -388,7 +388,8 @@ class Table:
 
     def drain_deferred(self) -> None:
         """Make the queue hits that compiled readers deferred while another process held the
-        lock (``kvcache.fastpath``), before anything reads the queues' order."""
+        lock (``kvcache.fastpath``): before a put is queued, and before anything reads the
+        queues' order (a victim, a ranking)."""
         if self.queues is not None and self.fast is not None:
             self.fast.drain(self.views.raw)
 
@@ -435,6 +436,7 @@ class Table:
             self.free_entry(eid)
             return False
         if self.queues is not None:
+            self.drain_deferred()  # the hits before this put, in their order
             self._admit(self.queues, eid, old, history)
         if old >= 0:
             self.remove(old)
