@@ -156,7 +156,7 @@ def value_of(i: int) -> bytes:
 @compiled
 @pytest.mark.skipif(not X86_64, reason="reads take the lock off x86-64 (kvcache._lookup)")
 @pytest.mark.parametrize("policy", ["s3fifo", "arc", "prefix"])
-@pytest.mark.parametrize("in_the_way", IN_THE_WAY)
+@pytest.mark.parametrize("in_the_way", [way for way in IN_THE_WAY if way != "held"])
 def test_a_queue_hit_read_without_the_lock_takes_a_free_word_or_leaves_it_to_the_lock(
     policy: str, in_the_way: str
 ) -> None:
@@ -175,8 +175,6 @@ def test_a_queue_hit_read_without_the_lock_takes_a_free_word_or_leaves_it_to_the
             assert ref.get(f"k{i}") == value_of(i)
             assert header[H.lock_word] == header[H.dirty] == 0
         assert_same_segment(fast, ref)
-        if in_the_way == "held":
-            return
         with word_in_the_way(engine, in_the_way):
             before = bytes(raw)
             assert read(raw, encode_key("k1")[0], clock(), bytearray(3000), False, word) is None

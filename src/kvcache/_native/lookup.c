@@ -287,16 +287,14 @@ static void queue_request(const Finder *f, char *map, int64_t eid) {
     }
 }
 
-/* Table.lookup's hit: count it, tick the logical clock, age and bump the frequency,
- * do the queue policy's hit (queue_hit; with ``queue``, else the caller defers it),
+/* A hit's own words: count it, tick the logical clock, age and bump the frequency,
  * record the access. 0 (nothing written) where a word is outside what Python would
  * compute the same way: Python then does it, or reports the damage. The frequency and
  * access fields are plain stores: two readers touching one entry at once (without the
  * lock) may lose one bump, which only steers eviction. */
-static int touch(const Finder *f, char *map, int64_t eid, double now, int queue) {
+static int touch_entry(const Finder *f, char *map, int64_t eid, double now) {
     const int64_t *w = f->field;
     char *entry = entry_at(f, map, eid);
-    if (queue && !queue_hit_ok(f, map, entry)) return 0;
     int64_t last_access = load(entry, w[F_LAST_ACCESS]), clock = load(map, w[F_CLOCK]);
     if (f->half_life < 1 || f->half_life >= EXACT_DOUBLE) return 0; /* rounds in Python */
     if (last_access <= -CLOCK_LIMIT || last_access >= CLOCK_LIMIT) return 0;
@@ -316,8 +314,16 @@ static int touch(const Finder *f, char *map, int64_t eid, double now, int queue)
     clock = ticked;
     store_double(entry, w[F_FREQ], load_double(entry, w[F_FREQ]) * decay + 1.0);
     store(entry, w[F_LAST_ACCESS], clock);
-    if (queue) queue_request(f, map, eid);
     store_double(entry, w[F_ACCESSED_AT], now);
+    return 1;
+}
+
+/* Table.lookup's hit: its own words (touch_entry) and the queue policy's part
+ * (queue_request), every word either reads checked before anything is written: 0,
+ * nothing written, where one is out of range. */
+static int touch(const Finder *f, char *map, int64_t eid, double now) {
+    if (!queue_hit_ok(f, map, entry_at(f, map, eid)) || !touch_entry(f, map, eid, now)) return 0;
+    queue_request(f, map, eid);
     return 1;
 }
 
@@ -355,7 +361,7 @@ static PyObject *find_hit(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
             double expires_at = load_double(entry, w[F_EXPIRES_AT]);
             int expired = expires_at != INFINITY && expires_at <= now;
             if (load(entry, w[F_STATE]) == READY && !expired &&
-                holds_key(f, map, eid, key, key_len) && (!count || touch(f, map, eid, now, 1)))
+                holds_key(f, map, eid, key, key_len) && (!count || touch(f, map, eid, now)))
                 found = eid;
         }
     }
@@ -646,20 +652,19 @@ static int64_t drain_deferred(const Finder *f, char *map) {
  * not, nothing changed: the locked path decides (and copies again). */
 static int touch_read(const Finder *f, char *map, int64_t eid, int64_t generation, double now,
                       uint64_t mine) {
-    if (f->hit_kind == HIT_TOUCH) return touch(f, map, eid, now, 1);
-    if (!mine) return 0;
-    if (take_lock_word(f, map, mine)) {
+    if (f->hit_kind == HIT_TOUCH) return touch(f, map, eid, now);
+    if (take_lock_word(f, map, mine)) { /* read_unlocked has ``mine`` for a queue policy */
         int touched = 0;
         store(map, f->field[F_DIRTY], 1);
         drain_deferred(f, map);
-        if (unchanged(f, map, eid, generation)) touched = touch(f, map, eid, now, 1);
+        if (unchanged(f, map, eid, generation)) touched = touch(f, map, eid, now);
         store(map, f->field[F_DIRTY], 0);
         lock_word_free(lock_word_at(f, map));
         return touched;
     }
     /* refused with the word free (a flock user counted, repair due): the lock's path */
     if (atomic_load_explicit(lock_word_at(f, map), memory_order_relaxed) == 0) return 0;
-    if (!touch(f, map, eid, now, 0)) return 0;
+    if (!touch_entry(f, map, eid, now)) return 0;
     defer_hit(f, map, eid, generation);
     return 1;
 }

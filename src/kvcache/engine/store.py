@@ -549,7 +549,7 @@ class Store:
         add (past ``KEPT_SAMPLES`` kept, it is dropped): a get that copied without the
         lock must not wait for a writer's hold to time itself (beside a writer that held
         the lock nearly all the time, such gets took up to 28 ms)."""
-        if self._hq[H.lock_word]:
+        if self.lock.taken:
             if len(self.samples) < KEPT_SAMPLES:
                 self.samples.append((op, ns))
             return
