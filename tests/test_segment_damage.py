@@ -30,7 +30,16 @@ from hypothesis import strategies as st
 import kvcache
 from kvcache import CorruptPoolError, transfer
 from kvcache.keys import key_hash
-from kvcache.layout import DESTROYED, ENTRY_DTYPE, ENTRY_WORDS, HEADER_DTYPE, REPLACED, E, H
+from kvcache.layout import (
+    DESTROYED,
+    ENTRY_DTYPE,
+    ENTRY_WORDS,
+    HEADER_DTYPE,
+    READY,
+    REPLACED,
+    E,
+    H,
+)
 from kvcache.mapping import same_value
 from kvcache.policies import POLICIES
 from kvcache.pool import ENTRY_SORTS
@@ -275,6 +284,26 @@ def test_bug_a_ghost_position_out_of_range_passed_check(tmp_path, policy, word) 
         assert_repaired(pool, tmp_path)
         full_of_ghosts(pool)
         assert pool.check() == []
+
+
+def test_bug_probations_tail_linked_into_main_hung_prefixs_admission(tmp_path) -> None:
+    """Found by the damage fuzz: probation's oldest chunk, its link to the one before
+    damaged to name a chunk of main, left that chunk as probation's tail once it moved to
+    main; ``prefix``'s admission then moved it within main for ever (a move from main
+    takes nothing off probation) under the pool lock. A list's tail must be of that list."""
+    with damaged_pool("prefix") as pool:
+        v = pool._engine.views
+        oldest = v.header_q[H.probation_tail] - 1
+        in_main = int(
+            np.flatnonzero((v.entries["state"] == READY) & (v.entries["probation"] == 0))[0]
+        )
+        assert oldest >= 0
+        v.entries["queue_prev"][oldest] = in_main + 1
+        assert pool.check() != []
+        with alarm(), pytest.raises(CorruptPoolError, match="--repair"):
+            for i in range(40):
+                pool.put(f"fill{i}", b"f" * 9000)
+        assert_repaired(pool, tmp_path)
 
 
 @pytest.mark.parametrize("policy", ["arc", "s3fifo", "prefix"])

@@ -121,14 +121,17 @@ class EntryQueues:
         """The entry at the tail of list ``kind`` (the next victim), or -1.
 
         Raises:
-            CorruptPoolError: the tail is not a live entry (damaged lists; a victim
-                that cannot be evicted would be chosen again and again).
+            CorruptPoolError: the tail is not a live entry of this list (damaged lists; a
+                victim that cannot be evicted would be chosen again and again, and moving
+                another list's entry off this one would leave it here for ever).
         """
         eid = self._h[_TAIL[kind]] - 1
         if eid >= 0 and (
-            eid * ENTRY_WORDS >= len(self._q) or self._q[eid * ENTRY_WORDS + E.state] != READY
+            eid * ENTRY_WORDS >= len(self._q)
+            or self._q[eid * ENTRY_WORDS + E.state] != READY
+            or self._q[eid * ENTRY_WORDS + E.probation] != kind
         ):
-            raise corrupt("queue lists: a list's tail is not a live entry")
+            raise corrupt("queue lists: a list's tail is not a live entry of that list")
         return eid
 
     def clear(self) -> None:
