@@ -321,6 +321,8 @@ def assert_same_segment(
     assert a.live.tobytes() == b.live.tobytes()
     assert a.page_next.tobytes() == b.page_next.tobytes()
     assert a.data.tobytes() == b.data.tobytes()
+    assert a.ghost_q.tobytes() == b.ghost_q.tobytes()  # a queue policy's ghosts
+    assert a.sketch.tobytes() == b.sketch.tobytes()  # a prefix pool's request counts
     for name in a.header.dtype.names:  # the allocator's, the clock, the regret sample...
         assert name in unlike or np.array_equal(a.header[name], b.header[name]), name
 
@@ -662,6 +664,29 @@ def damage_put_words(pool: kvcache.Pool, data: st.DataObject, sampled: list[byte
         damage_c_words(pool, data)
 
 
+PutCall = tuple[bytes, object, bytes]
+"""A compiled put's call: the segment before, its answer, the segment after."""
+
+
+def record_compiled_puts(pool: kvcache.Pool) -> tuple[list[PutCall], Callable[..., object]]:
+    """Freeze ``pool``'s clock and its latency samples (a sample writes the metrics region),
+    and a stand-in for its compiled ``put`` that records each call (``PutCall``), with the
+    list it records into."""
+    engine = pool._engine
+    fast_put, now = engine._put, engine.clock()
+    pool._puts_left = 1 << 30
+    engine.clock = engine.table.clock = lambda: now
+    calls: list[PutCall] = []
+
+    def recorded(mapping, *args):  # type: ignore[no-untyped-def]
+        before = bytes(mapping)
+        answer = fast_put(mapping, *args)
+        calls.append((before, answer, bytes(mapping)))
+        return answer
+
+    return calls, recorded
+
+
 @compiled
 @DAMAGE_SETTINGS
 @given(data=st.data(), inline=st.sampled_from([0, 128]))
@@ -671,22 +696,13 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data, inline) -> No
     it wrote nothing. With inline slots, the values of 0 and 1 bytes go there."""
     with damaged_pool("lru", inline) as pool:
         engine = pool._engine
-        raw, fast_put, now = engine.views.raw, engine._put, engine.clock()
+        raw = engine.views.raw
         compiled_halves = engine._reserve_compiled, engine._publish_compiled
         mask = (1 << sample_shift(engine.views.geometry.max_entries)) - 1
         sampled = [k for k in (f"new{i}".encode() for i in range(200)) if not key_hash(k)[1] & mask]
         for _ in range(data.draw(st.integers(1, 4), label="words")):
             damage_put_words(pool, data, sampled[:4])
-        pool._puts_left = 1 << 30  # no latency sample: it writes the metrics region
-        engine.clock = engine.table.clock = lambda: now
-        calls: list[tuple[bytes, object, bytes]] = []
-
-        def recorded(mapping, *args):  # type: ignore[no-untyped-def]
-            before = bytes(mapping)
-            answer = fast_put(mapping, *args)
-            calls.append((before, answer, bytes(mapping)))
-            return answer
-
+        calls, recorded = record_compiled_puts(pool)
         for key in [*VALUES, *sampled[:4]]:
             size = data.draw(st.sampled_from([0, 1, 1000, 3000]), label="value bytes")
             value = bytes([size % 251]) * size
@@ -706,6 +722,199 @@ def test_a_compiled_put_writes_what_python_writes_or_nothing(data, inline) -> No
             pool.put(key, value)  # Python takes it too: C checked what Python would raise on
             engine._reserve_compiled, engine._publish_compiled = compiled_halves
             assert bytes(raw) == by_c
+
+
+QUEUE_POLICIES = sorted(fastpath.QUEUE_POLICIES)
+CHAIN_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "put", "get", "delete"]),
+        st.integers(0, 31),  # the key
+        st.none() | st.integers(0, 31),  # its parent (a prefix pool's; others ignore it)
+        st.sampled_from([0, 100, 3000, 30_000]),  # 30 KB values fill the 256 KiB pool
+    ),
+    max_size=100,
+)
+
+
+@compiled
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=CHAIN_OPS, policy=st.sampled_from(QUEUE_POLICIES), inline=st.sampled_from([0, 128]))
+def test_a_queue_pools_puts_in_c_leave_what_pythons_leave(ops, policy, inline) -> None:
+    """Puts of new keys (their ghosts recalled or not) and over old ones, in a ``prefix``
+    pool under parents held, absent or below the key itself, with gets and deletes between
+    and the pool filling up (its evictions are Python's): both engines answer alike and
+    leave the same segment, ghosts and request counts included."""
+    clock = Ticks()
+    with (
+        new_pool(policy, clock, pure=False, inline_bytes=inline) as fast,
+        new_pool(policy, clock, pure=True, inline_bytes=inline) as ref,
+    ):
+        for pool in (fast, ref):  # full, with ghosts, then room: recalls in C
+            for i in range(12):
+                pool.put(f"k{i}", b"p" * 30_000, parent=f"k{i - 1}" if i % 3 else None)
+            for i in range(8, 12):
+                pool.delete(f"k{i}")
+        for op, key, parent, size in ops:
+            answers = []
+            for pool in (fast, ref):
+                if op == "put":
+                    above = None if parent is None else f"k{parent}"
+                    pool.put(f"k{key}", bytes([size % 251]) * size, parent=above)
+                    answers.append(f"k{key}" in pool)
+                elif op == "get":
+                    answers.append(pool.get(f"k{key}"))
+                else:
+                    answers.append(pool.delete(f"k{key}"))
+            assert answers[0] == answers[1], (op, key)
+        assert replace(fast.stats(), name="") == replace(ref.stats(), name="")
+        assert_same_segment(fast, ref)
+
+
+@compiled
+@pytest.mark.parametrize("policy", QUEUE_POLICIES)
+def test_a_queue_pools_puts_with_room_are_taken_in_c(policy: str) -> None:
+    """A queue policy's puts of new keys, of chunks under their parents and over old keys
+    are all taken in C while there is room; in a full pool C leaves the put to Python
+    (NO_ROOM), which evicts; a key put again while its ghost is remembered, once room is
+    free, is recalled in C: it goes to main."""
+    with new_pool(policy, Ticks(), pure=False) as pool:
+        engine = pool._engine
+        pool.put("first", b"f" * 1000)  # reserves the pool's memory (in Python: a system call)
+        answers: list[object] = []
+        put = engine._put
+
+        def recorded(*args):  # type: ignore[no-untyped-def]
+            answers.append(put(*args))
+            return answers[-1]
+
+        engine._put = recorded
+        for again in (False, True):
+            for i in range(20):
+                pool.put(f"c{i}", b"w" * (500 + again), parent=f"c{i - 1}" if i else None)
+        assert len(answers) == 40 and all(a is not None and a >= 0 for a in answers)
+        assert len(pool) == 21
+        answers.clear()
+        for i in range(300):  # a 256 KiB pool: these evict
+            pool.put(f"fill{i}", b"f" * 3000)
+        assert fastpath.NO_ROOM in answers and None not in answers
+        ghosts = engine.table.queues.ghosts
+        gone = [f"fill{i}" for i in range(300) if f"fill{i}" not in pool]
+        lo = key_hash(gone[-1].encode())[0]
+        with engine.lock:
+            kind = ghosts.remove(lo)  # remembered (asked here, so put back)
+            assert kind >= 0
+            ghosts.add(lo, kind)
+        for key in list(pool)[:4]:
+            pool.delete(key)
+        answers.clear()
+        pool.put(gone[-1], b"back" * 10)
+        assert answers[-1] is not None and answers[-1] >= 0
+        eid = engine.table.find(gone[-1].encode())
+        assert engine.views.entries["probation"][eid] == 0  # recalled: to main
+
+
+QUEUE_DAMAGE_HEADER_WORDS = [
+    *QUEUE_WORDS,
+    "ghost_next",
+    "ghost_tail_probation",
+    "ghost_tail_main",
+    "num_ghosts_probation",
+    "num_ghosts_main",
+    "probation_target",
+    "last_admitted",
+    "sketch_counted",
+    "num_live",
+]
+"""The header words a queue policy's put reads or writes."""
+TREE_WORDS = ["parent", "first_child", "next_sibling", "prev_sibling", "depth"]
+
+
+def damage_queue_words(pool: kvcache.Pool, data: st.DataObject) -> None:
+    """Overwrite one word a queue policy's put follows: an entry's list, tree or reads word,
+    a header word of the queues or ghosts, a word of the ghost ring."""
+    v = pool._engine.views
+    target = data.draw(st.sampled_from(["entry", "header", "ghosts"]))
+    if target == "entry":
+        eid = data.draw(st.integers(0, 15))
+        name = data.draw(st.sampled_from([*QUEUE_ENTRY_WORDS, *TREE_WORDS]))
+        kind = ENTRY_DTYPE.fields[name][0].kind
+        v.entries[name][eid] = word(data, kind, v.entries[name][eid])  # type: ignore[index]
+    elif target == "header":
+        name = data.draw(st.sampled_from(QUEUE_DAMAGE_HEADER_WORDS))
+        kind = HEADER_DTYPE.fields[name][0].kind
+        v.header[name] = word(data, kind, v.header[name])  # type: ignore[index]
+    else:
+        ring = np.frombuffer(v.ghost_q, np.int64)
+        at = data.draw(st.integers(0, len(ring) - 1))
+        ring[at] = word(data, "i", ring[at])
+
+
+@compiled
+@DAMAGE_SETTINGS
+@given(data=st.data(), policy=st.sampled_from(QUEUE_POLICIES))
+def test_a_compiled_queue_put_writes_what_python_writes_or_nothing(data, policy) -> None:
+    """A queue policy's put on damaged lists, ghosts, tree or counts: where C takes it (a
+    checksum), the Python put on the same bytes succeeds and leaves the segment byte for
+    byte as C left it; where C declines, it wrote nothing (its journal undone)."""
+    with damaged_pool(policy) as pool:
+        engine = pool._engine
+        raw = engine.views.raw
+        for key in ("gone1", "gone2"):  # ghosts to recall
+            pool.put(key, b"g" * 10)
+            lo = key_hash(key.encode())[0]
+            pool.delete(key)
+            with engine.lock:
+                engine.table.queues.ghosts.add(lo, data.draw(st.sampled_from([0, 1])))
+        for _ in range(data.draw(st.integers(1, 4), label="words")):
+            if data.draw(st.booleans(), label="a queue word"):
+                damage_queue_words(pool, data)
+            else:
+                damage_put_words(pool, data, [b"new"])
+        calls, recorded = record_compiled_puts(pool)
+        keys = [*VALUES, "gone1", "gone2", "new"]
+        for key in keys:
+            size = data.draw(st.sampled_from([0, 1000, 3000]), label="value bytes")
+            parent = data.draw(st.none() | st.sampled_from(keys), label="parent")
+            value = bytes([size % 251]) * size
+            start = bytes(raw)
+            engine._put = recorded
+            calls.clear()
+            with contextlib.suppress(CorruptPoolError):
+                pool.put(key, value, parent=parent)
+            for before, answer, after in calls:  # lock busy, no room, or left to Python
+                assert (answer is not None and answer >= 0) or after == before
+            if not calls or calls[-1][1] is None or calls[-1][1] < 0:
+                continue
+            by_c = bytes(raw)
+            raw[:] = start
+            engine._put = None
+            pool.put(key, value, parent=parent)  # Python takes it too, and writes the same
+            assert bytes(raw) == by_c
+
+
+@compiled
+def test_bug_a_put_over_a_key_whose_list_word_lies_unlinked_its_old_entry_as_python_does() -> None:
+    """The fuzz found it: an entry of main whose list word says probation, put again in an
+    ``arc`` pool. The new entry takes its place in the wrong list, the hit pushes it onto
+    main's head, which still names the old entry, and so links the old entry back in; the
+    Python put then unlinks it as it removes it. C left it linked (it took the old entry to
+    be out of every list by then); it unlinks it as Python does now."""
+    with damaged_pool("arc") as pool:
+        engine = pool._engine
+        views, raw = engine.views, engine.views.raw
+        eid = engine.table.find(b"small")
+        assert views.entries["probation"][eid] == 0 and views.header["main_head"] == eid + 1
+        views.entries["probation"][eid] = 1
+        pool._puts_left = 1 << 30  # no latency sample: it writes the metrics region
+        now = engine.clock()
+        engine.clock = engine.table.clock = lambda: now
+        start = bytes(raw)
+        pool.put("small", b"")
+        by_c = bytes(raw)
+        raw[:] = start
+        engine._put = None
+        pool.put("small", b"")
+        assert bytes(raw) == by_c
 
 
 @compiled

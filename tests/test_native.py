@@ -308,16 +308,22 @@ try:
     segment = np.frombuffer(pool._engine.segment.buffer, np.uint8, g.total_bytes).copy()
     segment[: g.entries_offset].view(np.int64)[H.flock_users] = 0  # read: no flock-only user
     rng = random.Random(7)
-    finders = [  # each kind of hit (the words of prefix's lists serve s3fifo's too)
+    finders = [  # each kind of hit and queue put (prefix's lists serve s3fifo's and arc's)
         module.Finder(g.entries_offset, g.max_entries, g.index_offset, g.index_slots,
                       g.page_next_offset, g.data_offset, g.num_pages, g.page_size_bytes,
                       g.total_bytes, 100, hit_kind, 3, g.live_offset, rng.choice([0, 3]),
                       g.inline_offset, g.inline_bytes, g.sketch_offset, g.sketch_bytes,
-                      rng.choice([1, sketch.period_for(g.max_entries)]), fastpath.FIELDS)
-        for hit_kind in (fastpath.HIT_TOUCH, fastpath.HIT_COUNTS_READS, fastpath.HIT_MOVES_TO_MAIN)
+                      rng.choice([1, sketch.period_for(g.max_entries)]), g.ghost_offset,
+                      queue_policy, fastpath.FIELDS)
+        for hit_kind, queue_policy in (
+            (fastpath.HIT_TOUCH, 0),
+            (fastpath.HIT_COUNTS_READS, fastpath.QUEUE_POLICIES["s3fifo"]),
+            (fastpath.HIT_MOVES_TO_MAIN, fastpath.QUEUE_POLICIES["arc"]),
+            (fastpath.HIT_MOVES_TO_MAIN, fastpath.QUEUE_POLICIES["prefix"]),
+        )
     ]
     words = segment[: g.data_offset].view(np.int64)
-    found = stored = evicted = rounds = 0
+    found = stored = queued = evicted = rounds = 0
     for _ in range(4000):
         mapping = segment.copy()  # malloc'd whole: a read past its end meets ASAN's redzone
         damaged = mapping[: g.data_offset].view(np.int64)
@@ -351,6 +357,11 @@ try:
                 lock_word = rng.choice([(), (5,), (0, True), (5, False)])
                 stored += finders[0].put(view, put_key, 0, b"", payload, 0, float("inf"), 0.0,
                                          0, 1, *lock_word) not in (None, -1)
+                # a queue policy's put: recall, admission, in prefix's tree under a parent
+                parent = rng.choice([None, encode_key(rng.choice(keys))[0], b"absent"])
+                queued += rng.choice(finders[1:]).put(
+                    view, put_key, 0, b"", payload, 0, float("inf"), 0.0, 0, 1,
+                    rng.choice([0, 5]), False, parent) not in (None, -1, -2)
             eid = finders[0].reserve(view, key_bytes, 0, 0, rng.choice([0, 70000]), 0,
                                      float("inf"), 0.0, 0, 1)
             eid = rng.randrange(-2, g.max_entries + 2) if eid is None else eid
@@ -366,8 +377,8 @@ try:
         left = finders[0].make_room(view, rng.randrange(1, 6), room_key,
                                     rng.choice([0, 1, 1 << 20]), draws, rng.randrange(1, 17), 0.0)
         rounds += left is not None
-    assert found > 2000 and stored > 4000 and evicted > 100 and rounds > 100, (
-        found, stored, evicted, rounds)
+    assert found > 2000 and stored > 4000 and queued > 2000 and evicted > 100 and rounds > 100, (
+        found, stored, queued, evicted, rounds)
 finally:
     pool.close()
     kvcache.destroy(name)

@@ -29,14 +29,19 @@ copy stays outside the lock and the get never waits for it. Whatever ``read``
 answers None for takes the locked path above.
 ``contains`` asks ``present`` first in the same way, in a pool of any policy.
 
-``Store.put_small`` asks ``put`` for a whole put of up to 64 KiB in a pool whose
-policy keeps no queues: reserve, copy and sum, publish, under the lock in one
-call, where the pages and a slot are free and every word it follows is in
-range; it answers None, having written nothing, for anything else (room to
-make, memory to reserve, damage), and ``Pool.put`` then writes the Python way.
-A larger put's two lock holds ask ``reserve`` and ``publish`` the same way
-(``Store.write``), an eviction that makes room asks ``evict``, and ``Store.delete`` asks
-``delete``.
+``Store.put_small`` asks ``put`` for a whole put of up to 64 KiB: reserve, copy
+and sum, publish, under the lock in one call, where the pages and a slot are free
+and every word it follows is in range; it answers None, having written nothing,
+for anything else (room to make, memory to reserve, damage), and ``Pool.put``
+then writes the Python way. In a pool whose policy keeps queues (``QUEUE_POLICIES``)
+the call makes the policy's part too, as ``Table.reserve`` and ``Table.publish``
+make it: the new key's ghost recalled, the entry queued (a key stored again in its
+old entry's place, as a hit), and in a ``prefix`` pool linked under its parent, its
+request counted and its ancestors credited; where that put needs eviction, the whole
+put is Python's (the ghost decides the victim). In a pool whose policy keeps no
+queues, a larger put's two lock holds ask ``reserve`` and ``publish`` the same way
+(``Store.write``), an eviction that makes room asks ``evict``, and ``Store.delete``
+asks ``delete``.
 
 In a pool with inline slots (``inline_bytes``) the same calls read, write and free an
 entry's slot where its record holds no page, as ``Table.extents`` says.
@@ -96,6 +101,11 @@ FIELDS = (
     E.created_at,
     E.live_pos,
     E.next_free,
+    E.parent,
+    E.first_child,
+    E.next_sibling,
+    E.prev_sibling,
+    E.depth,
     ENTRY_WORDS,
     H.hits,
     H.clock,
@@ -131,6 +141,13 @@ FIELDS = (
     H.deferred_next,
     H.deferred_done,
     H.deferred,
+    H.ghost_next,
+    H.ghost_tail_probation,
+    H.ghost_tail_main,
+    H.num_ghosts_probation,
+    H.num_ghosts_main,
+    H.probation_target,
+    H.last_admitted,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 
@@ -144,6 +161,9 @@ HIT_KINDS = {
 """What a queue policy's hit does to its queues, which the C code does the same way (a
 differential test holds both to it); a policy not named here keeps no queues (it is
 touched and nothing more) or takes the Python path (``hit_finder`` answers None)."""
+QUEUE_POLICIES = {"s3fifo": 1, "arc": 2, "prefix": 3}
+"""The queue policies whose part of a put ``put`` makes in C (admit.c): the ones in
+``HIT_KINDS``, numbered as admit.c's ``enum`` (0: no queues)."""
 
 
 def hit_finder(geometry: Geometry, config: PoolConfig) -> Any:
@@ -159,13 +179,16 @@ def hit_finder(geometry: Geometry, config: PoolConfig) -> Any:
     else:
         return None
     try:
-        return new_finder(geometry, config.lfu_half_life, hit_kind)
+        return new_finder(
+            geometry, config.lfu_half_life, hit_kind, QUEUE_POLICIES.get(config.policy, 0)
+        )
     except (ValueError, OverflowError):
         return None
 
 
-def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
-    """``kvcache._lookup.Finder`` for ``geometry``; ValueError for one it refuses."""
+def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int, queue_policy: int = 0) -> Any:
+    """``kvcache._lookup.Finder`` for ``geometry``; ValueError for one it refuses.
+    ``queue_policy``: ``QUEUE_POLICIES``' number of a queue policy (0: none)."""
     g = geometry
     return native.Finder(
         g.entries_offset,
@@ -187,6 +210,8 @@ def new_finder(geometry: Geometry, lfu_half_life: int, hit_kind: int) -> Any:
         g.sketch_offset,
         g.sketch_bytes,
         sketch.period_for(g.max_entries),
+        g.ghost_offset,
+        queue_policy,
         FIELDS,
     )
 

@@ -256,7 +256,7 @@ class Pool(abc.MutableMapping[Key, Value]):
         # copied under the lock as a read of it would be: a payload of up to 64 KiB
         under_lock = payload.nbytes <= INLINE_COPY_MAX_BYTES
         checksum = (  # in one compiled call where it can (a free slot and pages, no queues)
-            self._put_small(key_bytes, flags, header, payload, priority, expires_at)
+            self._put_small(key_bytes, flags, header, payload, priority, expires_at, parent_bytes)
             if under_lock
             else None
         )

@@ -58,7 +58,7 @@ enum {
     F_ACCESSED_AT, F_FREQ, F_EXPIRES_AT, F_HEADER_LEN, F_VALUE_LEN, F_NUM_PAGES, F_FLAGS,
     F_CHECKSUM, F_PROBATION, F_QUEUE_PREV, F_QUEUE_NEXT, F_READS,
     F_LAST_PAGE, F_PRIORITY, F_OWNER_SLOT, F_OWNER_SERIAL, F_CREATED, F_CREATED_AT,
-    F_LIVE_POS, F_NEXT_FREE,
+    F_LIVE_POS, F_NEXT_FREE, F_PARENT, F_FIRST_CHILD, F_NEXT_SIBLING, F_PREV_SIBLING, F_DEPTH,
     F_ENTRY_WORDS, /* the entry's words; header words follow */
     F_HITS, F_CLOCK, F_RETIRED, F_FLOCK_USERS, F_PROBATION_HEAD, F_PROBATION_TAIL,
     F_MAIN_HEAD, F_MAIN_TAIL, F_NUM_PROBATION,
@@ -67,8 +67,13 @@ enum {
     F_REGRET_SECONDS, F_REGRET_SECONDS_SUM, F_REGRET_ACCESSES, F_REGRET_ACCESSES_SUM,
     F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, F_DIRTY, F_LOCK_WORD,
     F_SKETCH_COUNTED, F_USED_SLOTS, F_DEFERRED_NEXT, F_DEFERRED_DONE, F_DEFERRED,
+    F_GHOST_NEXT, F_GHOST_TAIL_PROBATION, F_GHOST_TAIL_MAIN, F_NUM_GHOSTS_PROBATION,
+    F_NUM_GHOSTS_MAIN, F_PROBATION_TARGET, F_LAST_ADMITTED,
     NUM_FIELDS
 };
+
+/* A pool's queue policy, whose put put.c makes (kvcache.fastpath.QUEUE_POLICIES). */
+enum { NO_QUEUES = 0, QUEUE_S3FIFO = 1, QUEUE_ARC = 2, QUEUE_PREFIX = 3 };
 
 /* What a hit does to a queue policy's lists (kvcache.fastpath.HIT_KINDS). */
 enum { HIT_TOUCH = 0, HIT_COUNTS_READS = 1, HIT_MOVES_TO_MAIN = 2 };
@@ -92,6 +97,7 @@ typedef struct {
     int64_t live_offset, regret_mask;
     int64_t inline_offset, inline_bytes; /* the inline slots; 0 and 0 where none */
     int64_t sketch_offset, sketch_bytes, sketch_period; /* request counts; 0, 0 where none */
+    int64_t ghost_offset, queue_policy; /* the ghost ring (kvcache.queues) and its policy */
     int64_t field[NUM_FIELDS];
 } Finder;
 
@@ -108,6 +114,39 @@ static double load_double(const char *base, int64_t word) {
 }
 
 static void store(char *base, int64_t word, int64_t value) { memcpy(base + word * 8, &value, 8); }
+
+/* The words a queue policy's put changes, each with its value before, so that a put that
+ * meets a word out of range half-way puts them all back and leaves the put to Python
+ * (put.c's queue part: the lists, ghosts, tree and counts it changes depend on each
+ * other, so they are checked as they are followed, not all before). */
+#define JOURNAL_WORDS 1024
+typedef struct {
+    int64_t count;
+    int full; /* a store found no room: the put is undone */
+    char *at[JOURNAL_WORDS];
+    int64_t was[JOURNAL_WORDS];
+} Journal;
+
+/* ``store``, remembered in ``journal`` where there is one. */
+static void put_word(Journal *journal, char *base, int64_t word, int64_t value) {
+    if (journal != NULL) {
+        if (journal->count == JOURNAL_WORDS) {
+            journal->full = 1;
+            return;
+        }
+        journal->at[journal->count] = base + word * 8;
+        memcpy(&journal->was[journal->count++], base + word * 8, 8);
+    }
+    store(base, word, value);
+}
+
+/* Every word ``journal`` remembers, put back as it was, newest first. */
+static void undo(Journal *journal) {
+    while (journal->count > 0) {
+        journal->count--;
+        memcpy(journal->at[journal->count], &journal->was[journal->count], 8);
+    }
+}
 
 /* A word read before what it guards (the generation before the entry it numbers). */
 static int64_t load_acquire(const char *base, int64_t word) {
@@ -216,38 +255,47 @@ static int queue_hit_ok(const Finder *f, const char *map, const char *entry) {
            after <= n && head >= 0 && head <= n && on_probation > INT64_MIN + 1;
 }
 
-/* QueuePolicy.hit, written as kvcache.queues writes it (checked by queue_hit_ok):
- * s3fifo counts a read (at most max_reads); arc and prefix move the entry to the head
- * of main (EntryQueues.unlink, then push), store for store in the same order. */
-static void queue_hit(const Finder *f, char *map, int64_t eid) {
+/* EntryQueues.unlink of ``eid`` from its list, if it is in one (its words checked by the
+ * caller: its list, its links, the probation count); each store remembered in ``j`` where
+ * there is one (a put's). */
+static void unlink_entry(const Finder *f, char *map, int64_t eid, Journal *j) {
     const int64_t *w = f->field;
     char *entry = entry_at(f, map, eid);
-    if (f->hit_kind == HIT_COUNTS_READS) {
-        int64_t reads = load(entry, w[F_READS]) + 1;
-        store(entry, w[F_READS], reads < f->max_reads ? reads : f->max_reads);
-        return;
-    }
-    if (f->hit_kind != HIT_MOVES_TO_MAIN) return;
     int64_t kind = load(entry, w[F_PROBATION]), prev = load(entry, w[F_QUEUE_PREV]);
     int64_t after = load(entry, w[F_QUEUE_NEXT]);
     int64_t head_word = kind == PROBATION ? w[F_PROBATION_HEAD] : w[F_MAIN_HEAD];
     int64_t tail_word = kind == PROBATION ? w[F_PROBATION_TAIL] : w[F_MAIN_TAIL];
-    if (prev || after || load(map, head_word) == eid + 1) { /* in a list: unlink */
-        store(map, w[F_NUM_PROBATION], load(map, w[F_NUM_PROBATION]) - kind);
-        if (prev) store(entry_at(f, map, prev - 1), w[F_QUEUE_NEXT], after);
-        else store(map, head_word, after);
-        if (after) store(entry_at(f, map, after - 1), w[F_QUEUE_PREV], prev);
-        else store(map, tail_word, prev);
-        store(entry, w[F_QUEUE_PREV], 0);
-        store(entry, w[F_QUEUE_NEXT], 0);
+    if (!prev && !after && load(map, head_word) != eid + 1) return; /* in no list */
+    put_word(j, map, w[F_NUM_PROBATION], load(map, w[F_NUM_PROBATION]) - kind);
+    if (prev) put_word(j, entry_at(f, map, prev - 1), w[F_QUEUE_NEXT], after);
+    else put_word(j, map, head_word, after);
+    if (after) put_word(j, entry_at(f, map, after - 1), w[F_QUEUE_PREV], prev);
+    else put_word(j, map, tail_word, prev);
+    put_word(j, entry, w[F_QUEUE_PREV], 0);
+    put_word(j, entry, w[F_QUEUE_NEXT], 0);
+}
+
+/* QueuePolicy.hit, written as kvcache.queues writes it (checked by queue_hit_ok):
+ * s3fifo counts a read (at most max_reads); arc and prefix move the entry to the head
+ * of main (EntryQueues.unlink, then push), store for store in the same order; each
+ * store remembered in ``j`` where there is one (a put's). */
+static void queue_hit(const Finder *f, char *map, int64_t eid, Journal *j) {
+    const int64_t *w = f->field;
+    char *entry = entry_at(f, map, eid);
+    if (f->hit_kind == HIT_COUNTS_READS) {
+        int64_t reads = load(entry, w[F_READS]) + 1;
+        put_word(j, entry, w[F_READS], reads < f->max_reads ? reads : f->max_reads);
+        return;
     }
+    if (f->hit_kind != HIT_MOVES_TO_MAIN) return;
+    unlink_entry(f, map, eid, j);
     int64_t head = load(map, w[F_MAIN_HEAD]); /* push to main's head */
-    store(entry, w[F_PROBATION], MAIN);
-    store(entry, w[F_QUEUE_PREV], 0);
-    store(entry, w[F_QUEUE_NEXT], head);
-    if (head) store(entry_at(f, map, head - 1), w[F_QUEUE_PREV], eid + 1);
-    else store(map, w[F_MAIN_TAIL], eid + 1);
-    store(map, w[F_MAIN_HEAD], eid + 1);
+    put_word(j, entry, w[F_PROBATION], MAIN);
+    put_word(j, entry, w[F_QUEUE_PREV], 0);
+    put_word(j, entry, w[F_QUEUE_NEXT], head);
+    if (head) put_word(j, entry_at(f, map, head - 1), w[F_QUEUE_PREV], eid + 1);
+    else put_word(j, map, w[F_MAIN_TAIL], eid + 1);
+    put_word(j, map, w[F_MAIN_HEAD], eid + 1);
 }
 
 #define SKETCH_LIMIT 15 /* kvcache.sketch.LIMIT: the largest count */
@@ -257,33 +305,47 @@ static void queue_hit(const Finder *f, char *map, int64_t eid) {
  * hash (the smallest of its four counters raised, up to SKETCH_LIMIT); every sketch_period
  * counts, all counters halve. The counted word is read as it is: any value outside
  * [0, period - 1) halves, as in Python, so a damaged one costs an early halving and nothing
- * else. */
-static void count_request(const Finder *f, char *map, int64_t hash_lo, int64_t hash_hi) {
+ * else. With a ``journal`` (a put's), each counter's word is remembered, and a count that
+ * would halve the counters is not made: 0, nothing changed (the put is left to Python). */
+static int count_request(const Finder *f, char *map, int64_t hash_lo, int64_t hash_hi,
+                         Journal *journal) {
     unsigned char *counts = (unsigned char *)map + f->sketch_offset;
     uint64_t mask = (uint64_t)f->sketch_bytes - 1, lo = (uint64_t)hash_lo, hi = (uint64_t)hash_hi;
     uint64_t spots[4] = {lo & mask, (lo >> 32) & mask, hi & mask, (hi >> 32) & mask};
+    int64_t counted = load(map, f->field[F_SKETCH_COUNTED]);
+    int halves = !(counted >= 0 && counted < f->sketch_period - 1);
+    if (journal != NULL && halves) return 0;
     unsigned char least = counts[spots[0]];
     for (int i = 1; i < 4; i++)
         if (counts[spots[i]] < least) least = counts[spots[i]];
     if (least < SKETCH_LIMIT)
-        for (int i = 0; i < 4; i++)
-            if (counts[spots[i]] == least) counts[spots[i]] = (unsigned char)(least + 1);
-    int64_t counted = load(map, f->field[F_SKETCH_COUNTED]);
-    if (counted >= 0 && counted < f->sketch_period - 1) {
-        store(map, f->field[F_SKETCH_COUNTED], counted + 1);
-        return;
+        for (int i = 0; i < 4; i++) {
+            if (counts[spots[i]] != least) continue;
+            if (journal != NULL) { /* the counter's word (the sketch is 8-byte aligned) */
+                int64_t word = load((char *)counts, (int64_t)(spots[i] / 8));
+                ((unsigned char *)&word)[spots[i] % 8] = (unsigned char)(least + 1);
+                put_word(journal, (char *)counts, (int64_t)(spots[i] / 8), word);
+            } else {
+                counts[spots[i]] = (unsigned char)(least + 1);
+            }
+        }
+    if (!halves) {
+        put_word(journal, map, f->field[F_SKETCH_COUNTED], counted + 1);
+        return 1;
     }
     for (int64_t i = 0; i < f->sketch_bytes; i++) counts[i] >>= 1;
     store(map, f->field[F_SKETCH_COUNTED], 0);
+    return 1;
 }
 
 /* A queue policy's part of a hit: queue_hit, and a prefix pool's request count
  * (kvcache.sketch). */
 static void queue_request(const Finder *f, char *map, int64_t eid) {
-    queue_hit(f, map, eid);
+    queue_hit(f, map, eid, NULL);
     if (f->sketch_bytes) {
         const char *entry = entry_at(f, map, eid);
-        count_request(f, map, load(entry, f->field[F_HASH_LO]), load(entry, f->field[F_HASH_HI]));
+        count_request(f, map, load(entry, f->field[F_HASH_LO]), load(entry, f->field[F_HASH_HI]),
+                      NULL);
     }
 }
 
@@ -849,13 +911,13 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "Finder takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
+    if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLLLLLLLLO!", &f->entries_offset, &f->max_entries,
                           &f->index_offset, &f->index_slots, &f->page_next_offset,
                           &f->data_offset, &f->num_pages, &f->page_size, &f->total_bytes,
                           &f->half_life, &f->hit_kind, &f->max_reads, &f->live_offset,
                           &f->regret_mask, &f->inline_offset, &f->inline_bytes,
                           &f->sketch_offset, &f->sketch_bytes, &f->sketch_period,
-                          &PyTuple_Type, &fields))
+                          &f->ghost_offset, &f->queue_policy, &PyTuple_Type, &fields))
         return -1;
     if (PyTuple_GET_SIZE(fields) != NUM_FIELDS) {
         PyErr_Format(PyExc_ValueError, "Finder needs %d field word indices", NUM_FIELDS);
@@ -903,6 +965,14 @@ static int finder_init(Finder *f, PyObject *args, PyObject *kwargs) {
          (f->sketch_bytes & (f->sketch_bytes - 1)) == 0 &&
          (f->sketch_bytes == 0) == (f->sketch_offset == 0) && f->sketch_offset >= 0 &&
          f->sketch_offset <= f->total_bytes - f->sketch_bytes && f->sketch_period >= 1;
+    /* a queue policy's put makes its hit (s3fifo counts a read, the others move the entry)
+     * and, in a prefix pool, counts requests */
+    int64_t queue_hit_kind = f->queue_policy == QUEUE_S3FIFO ? HIT_COUNTS_READS : HIT_MOVES_TO_MAIN;
+    ok = ok && f->queue_policy >= NO_QUEUES && f->queue_policy <= QUEUE_PREFIX &&
+         (f->queue_policy == NO_QUEUES || f->hit_kind == queue_hit_kind) &&
+         (f->queue_policy != QUEUE_PREFIX || f->sketch_bytes > 0) && f->ghost_offset >= 0 &&
+         f->ghost_offset % 8 == 0 && f->ghost_offset < limit &&
+         f->ghost_offset + 3 * f->index_slots * 8 <= f->total_bytes;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "Finder: inconsistent geometry");
         return -1;
@@ -937,7 +1007,8 @@ static PyTypeObject FinderType = {
                         "page_next_offset, data_offset, num_pages, page_size, total_bytes, "
                         "lfu_half_life, hit_kind, max_reads, live_offset, regret_mask, "
                         "inline_offset, inline_bytes, sketch_offset, sketch_bytes, "
-                        "sketch_period, fields): one segment's geometry and "
+                        "sketch_period, ghost_offset, queue_policy, fields): one segment's "
+                        "geometry and "
                         "its policy's hit, for the "
                         "gets' calls and put."),
     .tp_new = PyType_GenericNew,

@@ -34,11 +34,12 @@ static void store_release(char *base, int64_t word, int64_t value) {
 }
 
 /* The segment ``mapping`` for one of the writes below: 1 with ``view`` held where the
- * pool's policy keeps no queues and the buffer spans the geometry; 0, nothing held, where
- * not (the caller answers None); -1 with an exception set. */
-static int write_view(const Finder *f, PyObject *mapping, Py_buffer *view) {
+ * buffer spans the geometry and the pool's policy keeps no queues (or ``queues_too``: a put
+ * makes a queue policy's part, admit.c); 0, nothing held, where not (the caller answers
+ * None); -1 with an exception set. */
+static int write_view(const Finder *f, PyObject *mapping, Py_buffer *view, int queues_too) {
     if (PyObject_GetBuffer(mapping, view, PyBUF_WRITABLE) < 0) return -1;
-    if (f->hit_kind == HIT_TOUCH && view->len >= f->total_bytes) return 1;
+    if ((queues_too || f->hit_kind == HIT_TOUCH) && view->len >= f->total_bytes) return 1;
     PyBuffer_Release(view);
     return 0;
 }
@@ -368,10 +369,12 @@ static int64_t apply_reserve(const Finder *f, char *map, const Plan *p, const in
     store(entry, w[F_LAST_PAGE], last);
     store(entry, w[F_NUM_PAGES], p->num_pages);
     store(entry, w[F_PRIORITY], priority);
-    store(entry, w[F_PROBATION], 0);
-    store(entry, w[F_QUEUE_PREV], 0);
-    store(entry, w[F_QUEUE_NEXT], 0);
-    store(entry, w[F_READS], 0);
+    if (f->queue_policy == NO_QUEUES) { /* else queue_put wrote them (admit.c) */
+        store(entry, w[F_PROBATION], 0);
+        store(entry, w[F_QUEUE_PREV], 0);
+        store(entry, w[F_QUEUE_NEXT], 0);
+        store(entry, w[F_READS], 0);
+    }
     store_double(entry, w[F_FREQ], 1.0);
     store_double(entry, w[F_EXPIRES_AT], expires_at);
     store(entry, w[F_OWNER_SLOT], owner_slot);
@@ -439,36 +442,59 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     return checksum;
 }
 
+#include "admit.c"
+
 PyDoc_STRVAR(put_doc,
 "put(mapping, key_bytes, flags, header, payload, priority, expires_at, now, owner_slot,\n"
-"    owner_serial, lock_word=0, requested=False) -> int | None\n\n"
+"    owner_serial, lock_word=0, requested=False, parent=None) -> int | None\n\n"
 "Store a new entry of ``key_bytes`` (codec ``header`` and ``payload``, buffers) in one\n"
 "go, replacing the key's entry if there is one, and answer its checksum (summed while\n"
 "its bytes were copied); -2, having changed nothing, where pages or an entry slot\n"
 "must be freed first (the caller makes room and calls again); None, having changed\n"
 "nothing, where the put needs anything else (memory to reserve) or meets a word out\n"
-"of range: the caller then puts the Python way, which decides. For pools whose policy\n"
-"keeps no queues. The caller holds the pool's lock, or passes its ``lock_word`` (the\n"
+"of range: the caller then puts the Python way, which decides. In a pool whose policy\n"
+"keeps queues it makes the policy's part too (the new key's recall, its place in the\n"
+"lists, and in a ``prefix`` pool under the chunk keyed ``parent`` in the tree), first\n"
+"making the hits readers deferred; -2 there leaves the whole put to Python, whose\n"
+"eviction asks the new key's ghost first. The caller holds the pool's lock, or passes\n"
+"its ``lock_word`` (the\n"
 "owner word of a process that locks by the word alone) for the put to take it here if\n"
 "it is free, no flock user is counted and no repair is due; else the put answers -1,\n"
 "having changed nothing, and the caller takes the lock and calls again. ``requested``:\n"
 "the regret sample's request for a new key was made already (by the room made for it).");
 
+/* A queue policy's part of the planned put, made (queue_put) after the hits readers
+ * deferred (as Table.publish drains them first), or undone where a word was out of range:
+ * 1 made (or no queues), 0 nothing of it left. */
+static int queued_here(const Finder *f, char *map, const Plan *p, PyObject *parent) {
+    if (f->queue_policy == NO_QUEUES) return 1;
+    drain_deferred(f, map);
+    Journal journal; /* 16 KiB of stack, left unwritten until used */
+    journal.count = journal.full = 0;
+    int made = queue_put(f, map, &journal, p, parent ? PyBytes_AS_STRING(parent) : NULL,
+                         parent ? PyBytes_GET_SIZE(parent) : 0) &&
+               !journal.full;
+    if (!made) undo(&journal);
+    return made;
+}
+
 static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 10 || nargs > 12 || !PyBytes_Check(args[1])) {
+    if (nargs < 10 || nargs > 13 || !PyBytes_Check(args[1]) ||
+        (nargs == 13 && args[12] != Py_None && !PyBytes_Check(args[12]))) {
         PyErr_SetString(PyExc_TypeError, "put takes mapping, key_bytes, flags, header, payload, "
                                          "priority, expires_at, now, owner_slot, owner_serial, "
-                                         "lock_word and requested");
+                                         "lock_word, requested and parent");
         return NULL;
     }
     int64_t flags = PyLong_AsLongLong(args[2]), priority = PyLong_AsLongLong(args[5]);
     int64_t owner_slot = PyLong_AsLongLong(args[8]), owner_serial = PyLong_AsLongLong(args[9]);
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
     uint64_t mine = nargs >= 11 ? PyLong_AsUnsignedLongLongMask(args[10]) : 0;
-    int requested = nargs == 12 ? PyObject_IsTrue(args[11]) : 0;
+    int requested = nargs >= 12 ? PyObject_IsTrue(args[11]) : 0;
+    PyObject *parent = nargs == 13 && args[12] != Py_None ? args[12] : NULL;
     if (PyErr_Occurred() || requested < 0) return NULL;
     Py_buffer view, pieces[3] = {{0}};
-    int usable = write_view(f, args[0], &view);
+    int usable = write_view(f, args[0], &view, 1);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *result = NULL;
     int held = 0;
@@ -492,10 +518,12 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (plan == NO_ROOM) result = PyLong_FromLong(-2);
     if (plan == PLANNED && publish_ok(f, map, &p, 2)) {
         if (mine) store(map, f->field[F_DIRTY], 1); /* a crash from here on: repair */
-        uint64_t checksum = apply(f, map, &p, pieces, flags, priority, expires_at, now,
-                                  owner_slot, owner_serial);
+        if (queued_here(f, map, &p, parent)) {
+            uint64_t checksum = apply(f, map, &p, pieces, flags, priority, expires_at, now,
+                                      owner_slot, owner_serial);
+            result = PyLong_FromUnsignedLongLong(checksum);
+        }
         if (mine) store(map, f->field[F_DIRTY], 0);
-        result = PyLong_FromUnsignedLongLong(checksum);
     }
     if (mine) lock_word_free(lock_word_at(f, map));
 done:
@@ -527,7 +555,7 @@ static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    int usable = write_view(f, args[0], &view);
+    int usable = write_view(f, args[0], &view, 0);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int64_t eid = -1;
     char *map = view.buf;
@@ -564,7 +592,7 @@ static PyObject *publish(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double now = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    int usable = write_view(f, args[0], &view);
+    int usable = write_view(f, args[0], &view, 0);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int done = 0;
     char *map = view.buf;
@@ -639,7 +667,7 @@ static PyObject *evict(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     double now = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    int usable = write_view(f, args[0], &view);
+    int usable = write_view(f, args[0], &view, 0);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int done = evict_one(f, view.buf, eid, now);
     PyBuffer_Release(&view);
@@ -675,7 +703,7 @@ static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     Py_buffer view, words;
-    int usable = write_view(f, args[0], &view);
+    int usable = write_view(f, args[0], &view, 0);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     if (PyObject_GetBuffer(args[4], &words, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&view);
@@ -736,7 +764,7 @@ static PyObject *delete_entry(Finder *f, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     Py_buffer view;
-    int usable = write_view(f, args[0], &view);
+    int usable = write_view(f, args[0], &view, 0);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *result = Py_None;
     char *map = view.buf;

@@ -133,7 +133,8 @@ class Store:
             seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
         )
         writer = fastpath.compiled_writer(table.fast, config)
-        self._put: Any = None if writer is None else writer.put
+        self._put: Any = None if table.fast is None else table.fast.put
+        self._queues = table.queues is not None
         self._reserve_compiled: Any = None if writer is None else writer.reserve
         self._publish_compiled: Any = None if writer is None else writer.publish
         self._delete: Any = None if writer is None else writer.delete
@@ -408,12 +409,14 @@ class Store:
         payload: memoryview,
         priority: int,
         expires_at: float,
+        parent: bytes | None,
     ) -> int | None:
-        """A fresh put of up to ``INLINE_COPY_MAX_BYTES`` in one compiled call, which takes
-        the lock itself where it is free (``kvcache._lookup``'s ``put``); where there is no
-        room, Python's eviction makes it and the call is made again: the checksum it
-        published, or None where it left the put to ``write`` (memory to reserve, a queue
-        policy, damage), having written nothing."""
+        """A fresh put of up to ``INLINE_COPY_MAX_BYTES`` (under the chunk keyed ``parent``,
+        in a ``prefix`` pool) in one compiled call, which takes the lock itself where it is
+        free (``kvcache._lookup``'s ``put``); where there is no room, Python's eviction makes
+        it and the call is made again: the checksum it published, or None where it left the
+        put to ``write`` (memory to reserve, a queue policy's eviction, a parent not here,
+        damage), having written nothing."""
         put = self._put
         if put is None or self.slot < 0:
             return None
@@ -434,17 +437,22 @@ class Store:
                     self.slot,
                     self.serial,
                     word,
+                    False,
+                    parent,
                 )
-            if checksum in (LOCK_BUSY, NO_ROOM):
+            if checksum == LOCK_BUSY or (checksum == NO_ROOM and not self._queues):
                 args = (key_bytes, flags, header, payload, priority, expires_at)
+                owner = (self.slot, self.serial)
                 total = len(key_bytes) + len(header) + len(payload)
                 with self.lock:
                     if checksum == LOCK_BUSY:  # no room found already: not asked again
-                        checksum = put(self.views.raw, *args, self.clock(), self.slot, self.serial)
-                    if checksum == NO_ROOM:  # the request made with the room: not again
+                        checksum = put(
+                            self.views.raw, *args, self.clock(), *owner, 0, False, parent
+                        )
+                    if checksum == NO_ROOM and not self._queues:  # the request made: not again
                         self.evictor.room_for_put(key_bytes, self._pages_for(total))
                         checksum = put(  # lock word 0 (held here), the request made
-                            self.views.raw, *args, self.clock(), self.slot, self.serial, 0, True
+                            self.views.raw, *args, self.clock(), *owner, 0, True
                         )
         except (PoolFullError, OutOfSharedMemoryError):
             self.count_error()
