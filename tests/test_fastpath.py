@@ -730,7 +730,8 @@ CHAIN_OPS = st.lists(
         st.sampled_from(["put", "put", "put", "put", "get", "delete"]),
         st.integers(0, 31),  # the key
         st.none() | st.integers(0, 31),  # its parent (a prefix pool's; others ignore it)
-        st.sampled_from([0, 100, 3000, 30_000]),  # 30 KB values fill the 256 KiB pool
+        # 30 KB values fill the 256 KiB pool; 70 KB ones are copied without the lock
+        st.sampled_from([0, 100, 3000, 30_000, 70_000]),
     ),
     max_size=100,
 )
@@ -887,8 +888,10 @@ def test_a_compiled_queue_put_writes_what_python_writes_or_nothing(data, policy)
                 continue
             by_c = bytes(raw)
             raw[:] = start
-            engine._put = None
+            compiled = engine._reserve_compiled, engine._publish_compiled
+            engine._put = engine._reserve_compiled = engine._publish_compiled = None
             pool.put(key, value, parent=parent)  # Python takes it too, and writes the same
+            engine._reserve_compiled, engine._publish_compiled = compiled
             assert bytes(raw) == by_c
 
 
@@ -912,7 +915,7 @@ def test_bug_a_put_over_a_key_whose_list_word_lies_unlinked_its_old_entry_as_pyt
         pool.put("small", b"")
         by_c = bytes(raw)
         raw[:] = start
-        engine._put = None
+        engine._put = engine._reserve_compiled = engine._publish_compiled = None
         pool.put("small", b"")
         assert bytes(raw) == by_c
 
@@ -1007,43 +1010,58 @@ def test_a_compiled_delete_writes_what_python_writes_or_nothing(data, inline) ->
 
 @compiled
 @DAMAGE_SETTINGS
-@given(data=st.data())
-def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data) -> None:
+@given(data=st.data(), policy=st.sampled_from(["lru", *QUEUE_POLICIES]))
+def test_a_large_put_reserved_and_published_in_c_writes_what_python_writes(data, policy) -> None:
     """A put too large to copy under the lock, reserved and then published on damaged
     words: each half that C takes leaves the bytes Python's half leaves on the same
-    segment, and each it declines wrote nothing."""
-    with damaged_pool("lru") as pool:
+    segment, and each it declines wrote nothing. In a queue policy's pool, with its lists,
+    ghosts, tree and counts damaged too: a new key's ghost recalled by the reserve, the
+    entry queued (in a ``prefix`` pool under a parent held or not) by the publish."""
+    with damaged_pool(policy) as pool:
         engine = pool._engine
         raw, now, table = engine.views.raw, engine.clock(), engine.table
         reserve, publish = engine._reserve_compiled, engine._publish_compiled
+        if table.queues is not None:  # a ghost to recall
+            pool.put("gone", b"g" * 10)
+            pool.delete("gone")
+            with engine.lock:
+                table.queues.ghosts.add(key_hash(b"gone")[0], data.draw(st.sampled_from([0, 1])))
         table.clock = lambda: now
-        key = data.draw(st.sampled_from([b"small", b"new-key"]), label="key")
+        key = data.draw(st.sampled_from([b"small", b"new-key", b"gone"]), label="key")
+        parent = data.draw(st.sampled_from([None, b"pages", b"small", b"absent"]), label="parent")
         args = (0, 0, 70_000, 0, math.inf)
-        for _ in range(data.draw(st.integers(0, 3), label="words before")):
-            damage_put_words(pool, data, [b"new-key"])
+
+        def damage() -> None:
+            for _ in range(data.draw(st.integers(0, 3), label="words")):
+                if table.queues is not None and data.draw(st.booleans(), label="a queue word"):
+                    damage_queue_words(pool, data)
+                else:
+                    damage_put_words(pool, data, [b"new-key"])
+
+        damage()
         pages = -(-(len(key) + 70_000) // table.page_size)
         reserved: list[int] = []
 
         def c_reserves() -> bool:
-            eid = reserve(raw, key, *args, now, engine.slot, engine.serial)
+            eid = reserve(raw, key, *args, now, engine.slot, engine.serial, parent)
             reserved.extend([] if eid is None else [eid])
             return eid is not None
 
         def python_reserves() -> None:
-            assert table.reserve(0, key, 0, 70_000, pages, 0, math.inf, True) == reserved[0]
+            eid = table.reserve(0, key, 0, 70_000, pages, 0, math.inf, True, parent=parent)
+            assert eid == reserved[0]
 
         def python_publishes() -> None:
             table.views.entries_q[reserved[0] * ENTRY_WORDS + E.checksum] = 12345
-            assert table.publish(reserved[0])
+            assert table.publish(reserved[0], parent=parent)
 
         with engine.lock:
             if not c_writes_what_python_writes(raw, c_reserves, python_reserves):
                 return
-        for _ in range(data.draw(st.integers(0, 3), label="words after")):
-            damage_put_words(pool, data, [b"new-key"])
+        damage()
         with engine.lock:
             c_writes_what_python_writes(
-                raw, lambda: publish(raw, reserved[0], 12345, now), python_publishes
+                raw, lambda: publish(raw, reserved[0], 12345, now, parent), python_publishes
             )
 
 

@@ -334,8 +334,8 @@ static int share(const Finder *f, char *map, Journal *j, int64_t parent) {
     return 1;
 }
 
-/* The entry holding exactly ``key``, READY (Table.find); -1 where it is certainly not here;
- * -2 for anything else (a collision, a word out of range): Python decides. */
+/* The entry holding exactly ``key`` (Table.find); -1 where it is certainly not here; -2 for
+ * anything else (a collision, a word out of range): Python decides. */
 static int64_t find_key(const Finder *f, const char *map, const char *key, int64_t key_len) {
     int64_t lo, hi;
     key_hash(key, (size_t)key_len, &lo, &hi);
@@ -347,19 +347,44 @@ static int64_t find_key(const Finder *f, const char *map, const char *key, int64
 
 /* ------------------------------------------------------------------------ the put */
 
-/* What Table.reserve and Table.publish do to the queues for the put of ``p`` (entry
- * ``p->eid``, FREE until apply_reserve; the key's entry now ``p->old``), under the chunk
- * keyed ``parent`` (NULL: none): the new key's recall, and in a prefix pool its place in the
- * tree, then its admission (a key stored again takes its old entry's place and counts as a
- * hit of it, as Table._admit does). 0 where a word is out of range, or the parent is not
- * here or lies below the old entry (Python declines that put): the caller undoes ``j``. */
-static int queue_put(const Finder *f, char *map, Journal *j, const Plan *p, const char *parent,
-                     int64_t parent_len) {
-    int64_t eid = p->eid, old = p->old, above = -1, recalled = -1;
-    if (parent != NULL && (above = find_key(f, map, parent, parent_len)) < 0) return 0;
-    /* S3-FIFO recalls at admission, the others before evicting: none here, and nothing
-     * between touches the ghosts, so one place serves all three */
-    if (old < 0 && !recall(f, map, j, p->lo, above, &recalled)) return 0;
+#define RECALL_AT_ADMIT (-2) /* kvcache.engine.table.RECALL_AT_ADMIT */
+
+/* The chunk keyed ``parent`` (NULL: none, -1 here) for a put into a prefix pool: 0 where
+ * it is not here (Python declines the put), a word is out of range, or the pool keeps no
+ * tree (Python looks the parent up all the same: ``Pool.put`` passes none there). */
+static int parent_of(const Finder *f, const char *map, PyObject *parent, int64_t *above) {
+    *above = -1;
+    if (parent == NULL) return 1;
+    if (f->queue_policy != QUEUE_PREFIX) return 0;
+    *above = find_key(f, map, PyBytes_AS_STRING(parent), PyBytes_GET_SIZE(parent));
+    return *above >= 0;
+}
+
+/* Table.reserve's part for the queues, for the put of ``p`` (the key's entry now
+ * ``p->old``) under chunk ``above``: a new key's ghost recalled, where the policy asks it
+ * before evicting (ARC, prefix); in ``reads``, what reserve leaves in the new entry's
+ * ``reads`` word for publish: the ghost's kind, -1 (none, or the key is held), or
+ * RECALL_AT_ADMIT (S3-FIFO asks at admission). */
+static int queue_reserve(const Finder *f, char *map, Journal *j, const Plan *p, int64_t above,
+                         int64_t *reads) {
+    *reads = -1;
+    if (p->old >= 0) return 1;
+    if (f->queue_policy == QUEUE_S3FIFO) {
+        *reads = RECALL_AT_ADMIT;
+        return 1;
+    }
+    return recall(f, map, j, p->lo, above, reads);
+}
+
+/* Table.publish's part for the queues, for entry ``p->eid`` (its ``reads`` word what
+ * queue_reserve left, ``recalled``) whose key's entry now is ``p->old``, under chunk
+ * ``above``: in a prefix pool its place in the tree (an old entry's children adopted),
+ * then its admission (a key stored again takes its old entry's place in its list and
+ * counts as a hit of it, as Table._admit does). 0 where a word is out of range, or the
+ * parent lies below the old entry (Python declines that put). */
+static int queue_publish(const Finder *f, char *map, Journal *j, const Plan *p, int64_t above,
+                         int64_t recalled) {
+    int64_t eid = p->eid, old = p->old;
     if (f->queue_policy == QUEUE_PREFIX) { /* Table._place */
         if (old >= 0 && above >= 0 && tree_is_below(f, map, above, old) != 0) return 0;
         if (!tree_link(f, map, j, eid, above)) return 0;
@@ -379,6 +404,8 @@ static int queue_put(const Finder *f, char *map, Journal *j, const Plan *p, cons
          * links put it back in one */
         return unlink_checked(f, map, j, old);
     }
+    if (recalled == RECALL_AT_ADMIT && !recall(f, map, j, p->lo, -1, &recalled)) return 0;
+    if (recalled < -1 || recalled > 1) return 0; /* a damaged reads word: Python's */
     put_word(j, entry, reads_word, 0); /* the policy's admit */
     if (!push(f, map, j, eid, recalled >= 0 ? MAIN : PROBATION)) return 0;
     if (f->queue_policy != QUEUE_PREFIX) return 1;

@@ -121,13 +121,14 @@ static int old_ok(const Finder *f, const char *map, int64_t old, int64_t lo) {
 
 /* Whether the chain of the planned pages, as PageAllocator.allocate will link it, holds
  * ``num_pages`` pages in the pool (PageAllocator.runs, which Python's put walks next, raises
- * otherwise: a damaged free list may loop back on the page whose link allocate ends). */
-static int chain_ok(const Finder *f, const char *map, const Plan *p) {
+ * otherwise: a damaged free list may loop back on the page whose link allocate ends), none
+ * of them from ``low`` to ``high`` (pages another entry holds: see queued_in_put). */
+static int chain_ok(const Finder *f, const char *map, const Plan *p, int64_t low, int64_t high) {
     const char *links = map + f->page_next_offset;
     int64_t start = load(map, f->field[F_NEXT_FRESH_PAGE]), end = start + p->from_fresh;
     int64_t page = p->from_free ? load(map, f->field[F_FREE_PAGE_HEAD]) : start;
     for (int64_t i = 0; i < p->num_pages; i++) {
-        if (page < 0 || page >= f->num_pages) return 0;
+        if (page < 0 || page >= f->num_pages || (page >= low && page <= high)) return 0;
         if (p->from_fresh && page == end - 1) page = NO_PAGE;
         else if (p->from_free && page == p->free_last) page = p->from_fresh ? start : NO_PAGE;
         else if (p->from_fresh && page >= start && page < end - 1) page += 1;
@@ -224,7 +225,7 @@ static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64
             if (i + 1 < p->from_free) page = load(links, page);
         }
     }
-    return chain_ok(f, map, p) ? PLANNED : LEAVE_TO_PYTHON;
+    return chain_ok(f, map, p, 1, 0) ? PLANNED : LEAVE_TO_PYTHON;
 }
 
 /* RegretSample.request for the record found by regret_record. */
@@ -345,10 +346,13 @@ static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
 }
 
 /* Table.reserve as planned: the regret sample's request, the pages, the entry slot, its
- * record in state WRITING; the chain's first page. */
+ * record in state WRITING (its queue words clear, ``reads`` in its reads word, unless
+ * QUEUED_ALREADY); the chain's first page. */
+#define QUEUED_ALREADY INT64_MIN /* apply_reserve's ``reads``: queue_publish wrote the words */
+
 static int64_t apply_reserve(const Finder *f, char *map, const Plan *p, const int64_t fields[4],
                              int64_t priority, double expires_at, double now,
-                             int64_t owner_slot, int64_t owner_serial) {
+                             int64_t owner_slot, int64_t owner_serial, int64_t reads) {
     const int64_t *w = f->field, eid = p->eid;
     char *entry = entry_at(f, map, eid);
     if (p->regret >= 0) regret_request(f, map, p->regret, now);
@@ -369,11 +373,11 @@ static int64_t apply_reserve(const Finder *f, char *map, const Plan *p, const in
     store(entry, w[F_LAST_PAGE], last);
     store(entry, w[F_NUM_PAGES], p->num_pages);
     store(entry, w[F_PRIORITY], priority);
-    if (f->queue_policy == NO_QUEUES) { /* else queue_put wrote them (admit.c) */
+    if (reads != QUEUED_ALREADY) {
         store(entry, w[F_PROBATION], 0);
         store(entry, w[F_QUEUE_PREV], 0);
         store(entry, w[F_QUEUE_NEXT], 0);
-        store(entry, w[F_READS], 0);
+        store(entry, w[F_READS], reads);
     }
     store_double(entry, w[F_FREQ], 1.0);
     store_double(entry, w[F_EXPIRES_AT], expires_at);
@@ -423,7 +427,7 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
                       int64_t owner_slot, int64_t owner_serial) {
     int64_t fields[4] = {flags, pieces[0].len, pieces[1].len, pieces[2].len};
     int64_t first = apply_reserve(f, map, p, fields, priority, expires_at, now, owner_slot,
-                                  owner_serial);
+                                  owner_serial, f->queue_policy ? QUEUED_ALREADY : 0);
     XXH3_state_t state;
     XXH3_INITSTATE(&state);
     XXH3_64bits_reset(&state);
@@ -463,18 +467,65 @@ PyDoc_STRVAR(put_doc,
 "having changed nothing, and the caller takes the lock and calls again. ``requested``:\n"
 "the regret sample's request for a new key was made already (by the room made for it).");
 
-/* A queue policy's part of the planned put, made (queue_put) after the hits readers
- * deferred (as Table.publish drains them first), or undone where a word was out of range:
- * 1 made (or no queues), 0 nothing of it left. */
-static int queued_here(const Finder *f, char *map, const Plan *p, PyObject *parent) {
-    if (f->queue_policy == NO_QUEUES) return 1;
+/* A queue policy's part of a put (admit.c), in a journal that is undone, leaving nothing,
+ * where a word is out of range: 1 made (or no queues to make it in), 0 not. */
+typedef struct {
+    Journal journal;
+    int64_t above, reads;
+} QueuePart;
+
+/* Whether the put's copy leaves the key of chunk ``above`` (-1: none) as it is: Python
+ * finds the parent again after the copy, which the C put does before it, so the planned
+ * pages must not be the ones that hold that key (they are not, unless damage gave a live
+ * entry's page to the free list). */
+static int key_spared(const Finder *f, const char *map, const Plan *p, int64_t above) {
+    if (above < 0 || !p->num_pages) return 1;
+    const char *entry = entry_at(f, map, above);
+    if (in_slot(f, entry)) return 1;
+    int64_t first = load(entry, f->field[F_FIRST_PAGE]), key_len = load(entry, f->field[F_KEY_LEN]);
+    return chain_ok(f, map, p, first, first + (key_len - 1) / f->page_size); /* found: in range */
+}
+
+/* The whole put's part (``put``): Table.reserve's, then the hits readers deferred (as
+ * Table.publish makes them first), then Table.publish's. */
+static int queued_in_put(const Finder *f, char *map, const Plan *p, PyObject *parent) {
+    if (f->queue_policy == NO_QUEUES) return parent == NULL;
+    QueuePart q; /* 16 KiB of stack, left unwritten until used */
+    q.journal.count = q.journal.full = 0;
+    int made = parent_of(f, map, parent, &q.above) && key_spared(f, map, p, q.above) &&
+               queue_reserve(f, map, &q.journal, p, q.above, &q.reads);
+    if (made) {
+        drain_deferred(f, map);
+        made = queue_publish(f, map, &q.journal, p, q.above, q.reads);
+    }
+    if (!made || q.journal.full) undo(&q.journal);
+    return made && !q.journal.full;
+}
+
+/* Table.reserve's part (``reserve``); in ``reads``, what the new entry's reads word keeps
+ * for publish. */
+static int queued_in_reserve(const Finder *f, char *map, const Plan *p, PyObject *parent,
+                             int64_t *reads) {
+    *reads = 0;
+    if (f->queue_policy == NO_QUEUES) return parent == NULL;
+    QueuePart q;
+    q.journal.count = q.journal.full = 0;
+    int made = parent_of(f, map, parent, &q.above) &&
+               queue_reserve(f, map, &q.journal, p, q.above, reads) && !q.journal.full;
+    if (!made) undo(&q.journal);
+    return made;
+}
+
+/* Table.publish's part (``publish``), after the hits readers deferred. */
+static int queued_in_publish(const Finder *f, char *map, const Plan *p, PyObject *parent) {
+    if (f->queue_policy == NO_QUEUES) return parent == NULL;
+    QueuePart q;
+    q.journal.count = q.journal.full = 0;
+    if (!parent_of(f, map, parent, &q.above)) return 0;
     drain_deferred(f, map);
-    Journal journal; /* 16 KiB of stack, left unwritten until used */
-    journal.count = journal.full = 0;
-    int made = queue_put(f, map, &journal, p, parent ? PyBytes_AS_STRING(parent) : NULL,
-                         parent ? PyBytes_GET_SIZE(parent) : 0) &&
-               !journal.full;
-    if (!made) undo(&journal);
+    q.reads = load(entry_at(f, map, p->eid), f->field[F_READS]);
+    int made = queue_publish(f, map, &q.journal, p, q.above, q.reads) && !q.journal.full;
+    if (!made) undo(&q.journal);
     return made;
 }
 
@@ -518,7 +569,7 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     if (plan == NO_ROOM) result = PyLong_FromLong(-2);
     if (plan == PLANNED && publish_ok(f, map, &p, 2)) {
         if (mine) store(map, f->field[F_DIRTY], 1); /* a crash from here on: repair */
-        if (queued_here(f, map, &p, parent)) {
+        if (queued_in_put(f, map, &p, parent)) {
             uint64_t checksum = apply(f, map, &p, pieces, flags, priority, expires_at, now,
                                       owner_slot, owner_serial);
             result = PyLong_FromUnsignedLongLong(checksum);
@@ -535,17 +586,19 @@ done:
 
 PyDoc_STRVAR(reserve_doc,
 "reserve(mapping, key_bytes, flags, header_len, value_len, priority, expires_at, now,\n"
-"        owner_slot, owner_serial) -> int | None\n\n"
+"        owner_slot, owner_serial, parent=None) -> int | None\n\n"
 "Table.reserve of a fresh put, for a value copied without the lock: the new entry's id,\n"
 "in state WRITING; None, having changed nothing, where it needs eviction, memory to\n"
-"reserve or meets a word out of range (the caller then reserves the Python way). For\n"
-"pools whose policy keeps no queues; the caller holds the pool's lock.");
+"reserve or meets a word out of range (the caller then reserves the Python way). In a\n"
+"pool whose policy keeps queues, a new key's ghost is recalled as reserve recalls it (in\n"
+"a ``prefix`` pool, under the chunk keyed ``parent``); the caller holds the pool's lock.");
 
 static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || !PyBytes_Check(args[1])) {
+    if (nargs < 10 || nargs > 11 || !PyBytes_Check(args[1]) ||
+        (nargs == 11 && args[10] != Py_None && !PyBytes_Check(args[10]))) {
         PyErr_SetString(PyExc_TypeError, "reserve takes mapping, key_bytes, flags, header_len, "
                                          "value_len, priority, expires_at, now, owner_slot, "
-                                         "owner_serial");
+                                         "owner_serial and parent");
         return NULL;
     }
     int64_t fields[4] = {PyLong_AsLongLong(args[2]), PyBytes_GET_SIZE(args[1]),
@@ -553,20 +606,22 @@ static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     int64_t priority = PyLong_AsLongLong(args[5]);
     int64_t owner_slot = PyLong_AsLongLong(args[8]), owner_serial = PyLong_AsLongLong(args[9]);
     double expires_at = PyFloat_AsDouble(args[6]), now = PyFloat_AsDouble(args[7]);
+    PyObject *parent = nargs == 11 && args[10] != Py_None ? args[10] : NULL;
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    int usable = write_view(f, args[0], &view, 0);
+    int usable = write_view(f, args[0], &view, 1);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
-    int64_t eid = -1;
+    int64_t eid = -1, reads = 0;
     char *map = view.buf;
     if (fields[2] >= 0 && fields[3] >= 0 && fields[2] <= f->total_bytes &&
         fields[3] <= f->total_bytes) {
         Plan p = {.requested = 0};
         int64_t total = fields[1] + fields[2] + fields[3];
         key_hash(PyBytes_AS_STRING(args[1]), (size_t)fields[1], &p.lo, &p.hi);
-        if (total <= f->total_bytes && plan_reserve(f, map, fields[1], total, &p) == PLANNED) {
+        if (total <= f->total_bytes && plan_reserve(f, map, fields[1], total, &p) == PLANNED &&
+            queued_in_reserve(f, map, &p, parent, &reads)) {
             apply_reserve(f, map, &p, fields, priority, expires_at, now, owner_slot,
-                          owner_serial);
+                          owner_serial, reads);
             eid = p.eid;
         }
     }
@@ -576,23 +631,26 @@ static PyObject *reserve(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 PyDoc_STRVAR(publish_doc,
-"publish(mapping, eid, checksum, now) -> True | None\n\n"
+"publish(mapping, eid, checksum, now, parent=None) -> True | None\n\n"
 "Store._finish and Table.publish of WRITING entry ``eid`` of a fresh put, with its\n"
-"``checksum``: replace the key's entry, make it READY and index it. None, having\n"
-"changed nothing, where a word it follows is out of range (the caller then publishes\n"
-"the Python way). For pools whose policy keeps no queues; the caller holds the lock.");
+"``checksum``: replace the key's entry, make it READY and index it; in a pool whose\n"
+"policy keeps queues, queue it as publish does (in a ``prefix`` pool, under the chunk\n"
+"keyed ``parent``). None, having changed nothing, where a word it follows is out of\n"
+"range or the parent is not here (the caller then publishes the Python way, which\n"
+"decides). The caller holds the lock.");
 
 static PyObject *publish(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "publish takes mapping, eid, checksum and now");
+    if (nargs < 4 || nargs > 5 || (nargs == 5 && args[4] != Py_None && !PyBytes_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError, "publish takes mapping, eid, checksum, now and parent");
         return NULL;
     }
     int64_t eid = PyLong_AsLongLong(args[1]);
     uint64_t checksum = PyLong_AsUnsignedLongLong(args[2]);
     double now = PyFloat_AsDouble(args[3]);
+    PyObject *parent = nargs == 5 && args[4] != Py_None ? args[4] : NULL;
     if (PyErr_Occurred()) return NULL;
     Py_buffer view;
-    int usable = write_view(f, args[0], &view, 0);
+    int usable = write_view(f, args[0], &view, 1);
     if (usable <= 0) return usable < 0 ? NULL : Py_NewRef(Py_None);
     int done = 0;
     char *map = view.buf;
@@ -604,7 +662,8 @@ static PyObject *publish(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         p.hi = load(entry, f->field[F_HASH_HI]);
         int64_t old = probe(f, map, p.lo, p.hi); /* NOT_HERE: a word out of range */
         p.old = old == ABSENT ? -1 : old;
-        if (old != NOT_HERE && old != eid && publish_ok(f, map, &p, 1)) {
+        if (old != NOT_HERE && old != eid && publish_ok(f, map, &p, 1) &&
+            queued_in_publish(f, map, &p, parent)) {
             apply_publish(f, map, &p, checksum, now);
             done = 1;
         }

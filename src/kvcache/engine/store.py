@@ -133,10 +133,12 @@ class Store:
             seg.fd, views.header_q, self.repair, self.name, self.procs.is_live_owner
         )
         writer = fastpath.compiled_writer(table.fast, config)
-        self._put: Any = None if table.fast is None else table.fast.put
+        # a put and its two halves are compiled for every policy the Finder serves
+        fast = table.fast
+        self._put: Any = None if fast is None else fast.put
+        self._reserve_compiled: Any = None if fast is None else fast.reserve
+        self._publish_compiled: Any = None if fast is None else fast.publish
         self._queues = table.queues is not None
-        self._reserve_compiled: Any = None if writer is None else writer.reserve
-        self._publish_compiled: Any = None if writer is None else writer.publish
         self._delete: Any = None if writer is None else writer.delete
         self.evictor = Evictor(table, self.procs, rng, writer)
         table.make_room = self.evictor.make_room
@@ -339,7 +341,6 @@ class Store:
                 self._reserve_compiled is not None
                 and history is None
                 and replace
-                and parent is None
                 and evict_within_reserved
             )
             with self.lock:
@@ -356,6 +357,7 @@ class Store:
                         self.clock(),
                         self.slot,
                         self.serial,
+                        parent,
                     )
                 if eid is None:  # not compiled, or left to Python (room to make, damage)
                     eid = self._reserve(
@@ -483,7 +485,9 @@ class Store:
         if checksum is None:
             self._free_entry(eid)
             return False
-        published = compiled and self._publish_compiled(self.views.raw, eid, checksum, self.clock())
+        published = compiled and self._publish_compiled(
+            self.views.raw, eid, checksum, self.clock(), parent
+        )
         if not published:
             self._eq[eid * ENTRY_WORDS + E.checksum] = transfer.as_word(checksum)
             if not self._publish(eid, history, replace=replace, parent=parent):
