@@ -675,7 +675,7 @@ def record_compiled_puts(pool: kvcache.Pool) -> tuple[list[PutCall], Callable[..
     engine = pool._engine
     fast_put, now = engine._put, engine.clock()
     pool._puts_left = 1 << 30
-    engine.clock = engine.table.clock = lambda: now
+    engine.clock = engine.table.clock = engine.evictor._clock = lambda: now
     calls: list[PutCall] = []
 
     def recorded(mapping, *args):  # type: ignore[no-untyped-def]
@@ -773,11 +773,11 @@ def test_a_queue_pools_puts_in_c_leave_what_pythons_leave(ops, policy, inline) -
 
 @compiled
 @pytest.mark.parametrize("policy", QUEUE_POLICIES)
-def test_a_queue_pools_puts_with_room_are_taken_in_c(policy: str) -> None:
+def test_a_queue_pools_puts_are_taken_in_c(policy: str) -> None:
     """A queue policy's puts of new keys, of chunks under their parents and over old keys
-    are all taken in C while there is room; in a full pool C leaves the put to Python
-    (NO_ROOM), which evicts; a key put again while its ghost is remembered, once room is
-    free, is recalled in C: it goes to main."""
+    are all taken in C, into a pool with room and into a full one (its evictions too); a
+    key put again while its ghost is remembered, once room is free, is recalled in C: it
+    goes to main."""
     with new_pool(policy, Ticks(), pure=False) as pool:
         engine = pool._engine
         pool.put("first", b"f" * 1000)  # reserves the pool's memory (in Python: a system call)
@@ -797,7 +797,8 @@ def test_a_queue_pools_puts_with_room_are_taken_in_c(policy: str) -> None:
         answers.clear()
         for i in range(300):  # a 256 KiB pool: these evict
             pool.put(f"fill{i}", b"f" * 3000)
-        assert fastpath.NO_ROOM in answers and None not in answers
+        assert len(answers) == 300 and all(a is not None and a >= 0 for a in answers)
+        assert pool.stats().evictions >= 200
         ghosts = engine.table.queues.ghosts
         gone = [f"fill{i}" for i in range(300) if f"fill{i}" not in pool]
         lo = key_hash(gone[-1].encode())[0]
@@ -812,6 +813,45 @@ def test_a_queue_pools_puts_with_room_are_taken_in_c(policy: str) -> None:
         assert answers[-1] is not None and answers[-1] >= 0
         eid = engine.table.find(gone[-1].encode())
         assert engine.views.entries["probation"][eid] == 0  # recalled: to main
+
+
+PROMPTS = st.lists(
+    st.tuples(st.integers(0, 3), st.lists(st.integers(0, 5), min_size=3, max_size=12)),
+    min_size=20,
+    max_size=120,
+)
+"""Prompts as (system prompt, branch choices): each chunk's key names its whole prefix, so
+prompts share their chunks as far as their choices agree (shared chunks earn credits,
+chunks asked for again are counted)."""
+
+
+@compiled
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts=PROMPTS, policy=st.sampled_from(QUEUE_POLICIES))
+def test_prompt_traffic_evicts_in_c_as_in_python(prompts, policy) -> None:
+    """Prompts replayed as ``simulate`` replays them (each reads its chunks up to the first
+    miss and puts the rest, each under the one before) into a pool that holds a fraction of
+    them, so that most puts evict in C: victims by the policy (``prefix``'s admission by
+    counts, credits and age rule; S3-FIFO's and ARC's queues), ghosts, chains of chunks.
+    Both engines answer alike and leave the same segment."""
+    clock = Ticks()
+    with (
+        new_pool(policy, clock, pure=False) as fast,
+        new_pool(policy, clock, pure=True) as ref,
+    ):
+        for system, choices in prompts:
+            keys = [
+                f"s{system}:" + ".".join(map(str, choices[: i + 1])) for i in range(len(choices))
+            ]
+            for pool in (fast, ref):
+                read = 0
+                while read < len(keys) and pool.get(keys[read]) is not None:
+                    read += 1
+                for i in range(read, len(keys)):
+                    pool.put(keys[i], b"c" * 6000, parent=keys[i - 1] if i else None)
+            assert [k in fast for k in keys] == [k in ref for k in keys]
+        assert replace(fast.stats(), name="") == replace(ref.stats(), name="")
+        assert_same_segment(fast, ref)
 
 
 QUEUE_DAMAGE_HEADER_WORDS = [
@@ -854,9 +894,10 @@ def damage_queue_words(pool: kvcache.Pool, data: st.DataObject) -> None:
 @DAMAGE_SETTINGS
 @given(data=st.data(), policy=st.sampled_from(QUEUE_POLICIES))
 def test_a_compiled_queue_put_writes_what_python_writes_or_nothing(data, policy) -> None:
-    """A queue policy's put on damaged lists, ghosts, tree or counts: where C takes it (a
-    checksum), the Python put on the same bytes succeeds and leaves the segment byte for
-    byte as C left it; where C declines, it wrote nothing (its journal undone)."""
+    """A queue policy's put on damaged lists, ghosts, tree or counts, with room or evicting:
+    where C takes it (a checksum), the Python put on the same bytes succeeds and leaves the
+    segment byte for byte as C left it; where C declines, it wrote nothing (its journal
+    undone)."""
     with damaged_pool(policy) as pool:
         engine = pool._engine
         raw = engine.views.raw
@@ -873,8 +914,8 @@ def test_a_compiled_queue_put_writes_what_python_writes_or_nothing(data, policy)
                 damage_put_words(pool, data, [b"new"])
         calls, recorded = record_compiled_puts(pool)
         keys = [*VALUES, "gone1", "gone2", "new"]
-        for key in keys:
-            size = data.draw(st.sampled_from([0, 1000, 3000]), label="value bytes")
+        for key in keys:  # 60 KB values fill the pool: their puts evict
+            size = data.draw(st.sampled_from([0, 1000, 3000, 60_000]), label="value bytes")
             parent = data.draw(st.none() | st.sampled_from(keys), label="parent")
             value = bytes([size % 251]) * size
             start = bytes(raw)

@@ -37,8 +37,10 @@ then writes the Python way. In a pool whose policy keeps queues (``QUEUE_POLICIE
 the call makes the policy's part too, as ``Table.reserve`` and ``Table.publish``
 make it: the new key's ghost recalled, the entry queued (a key stored again in its
 old entry's place, as a hit), and in a ``prefix`` pool linked under its parent, its
-request counted and its ancestors credited; where that put needs eviction, the whole
-put is Python's (the ghost decides the victim). In a pool whose policy keeps no
+request counted and its ancestors credited; where the put needs room, the same call
+makes it as ``Evictor.make_room`` does (the policy's victims, their ghosts and chunk
+chains), or answers NO_ROOM, having written nothing, for Python's put to make it
+(a tidy with something to reclaim, damage). In a pool whose policy keeps no
 queues, a larger put's two lock holds ask ``reserve`` and ``publish`` the same way
 (``Store.write``), an eviction that makes room asks ``evict``, and ``Store.delete``
 asks ``delete``.
@@ -148,6 +150,7 @@ FIELDS = (
     H.num_ghosts_main,
     H.probation_target,
     H.last_admitted,
+    H.next_sweep_puts,
 )
 """The word indices the C code reads, in the order of its ``enum`` (lookup.c)."""
 

@@ -413,3 +413,299 @@ static int queue_publish(const Finder *f, char *map, Journal *j, const Plan *p, 
     if (!count_request(f, map, p->lo, p->hi, j)) return 0;
     return above < 0 || share(f, map, j, above);
 }
+
+/* ------------------------------------------------------------------ the eviction */
+
+/* EntryQueues.tail of list ``kind``: its entry, -1 where the list is empty, -2 where the
+ * tail is not a READY entry of that list (Python: damage). */
+static int64_t tail_of(const Finder *f, const char *map, int64_t kind) {
+    int64_t link = load(map, tail_word(f, kind));
+    if (!link) return -1;
+    int64_t eid = linked(f, link);
+    if (eid < 0) return -2;
+    const char *entry = entry_at(f, map, eid);
+    return load(entry, f->field[F_STATE]) == READY && load(entry, f->field[F_PROBATION]) == kind
+               ? eid
+               : -2;
+}
+
+/* EntryQueues.move of ``eid`` to the head of list ``kind``. */
+static int move_to(const Finder *f, char *map, Journal *j, int64_t eid, int64_t kind) {
+    return unlink_checked(f, map, j, eid) && push(f, map, j, eid, kind);
+}
+
+/* GhostQueue.add of the key hashed ``lo`` as the newest ghost of ``kind``; 0 where the ring
+ * came round to a ghost still there (its compaction is numpy's: Python's put). */
+static int ghost_add(const Finder *f, char *map, Journal *j, int64_t lo, int64_t kind) {
+    const int64_t length = f->index_slots, position = load(map, f->field[F_GHOST_NEXT]);
+    int64_t count = load(map, ghost_count_word(f, kind));
+    if (!in_range(position, 0) || position >= CLOCK_LIMIT - 1 || !in_range(count, 0)) return 0;
+    char *ring = ghost_ring(f, map);
+    int64_t slot = position % length, bucket = 2 * length + ((lo >> 2) & (length - 1));
+    if (load(ring, slot)) return 0;
+    put_word(j, ring, slot, (lo & ~INT64_C(3)) | 2 | kind);
+    put_word(j, ring, length + slot, load(ring, bucket));
+    put_word(j, ring, bucket, position + 1);
+    put_word(j, map, f->field[F_GHOST_NEXT], position + 1);
+    put_word(j, map, ghost_count_word(f, kind), count + 1);
+    return 1;
+}
+
+/* An entry's reads word, -1 where out of range. */
+static int64_t reads_of(const Finder *f, const char *map, int64_t eid) {
+    int64_t reads = load(entry_at(f, map, eid), f->field[F_READS]);
+    return in_range(reads, 0) ? reads : -1;
+}
+
+/* S3FIFO.victim: -1 where a word is out of range or the moves run out (Python: damage). */
+static int64_t s3fifo_victim(const Finder *f, char *map, Journal *j) {
+    Counts c;
+    if (!counts_of(f, map, &c)) return -1;
+    int64_t small = (int64_t)((double)c.live * SMALL_SHARE), main_count = c.live - c.probation;
+    small = small > 1 ? small : 1;
+    int64_t moves = (f->max_reads + 1) * (c.live + 1), oldest;
+    if (c.probation >= small || !main_count) {
+        while ((oldest = tail_of(f, map, PROBATION)) >= 0 && --moves > 0) {
+            int64_t reads = reads_of(f, map, oldest);
+            if (reads < 0) return -1;
+            if (!reads) {
+                int64_t lo = load(entry_at(f, map, oldest), f->field[F_HASH_LO]);
+                if (!ghost_add(f, map, j, lo, PROBATION)) return -1;
+                for (int64_t steps = 0;; steps++) {
+                    int64_t count = load(map, f->field[F_NUM_GHOSTS_PROBATION]);
+                    if (count <= c.live - small) return oldest;
+                    if (steps > c.live || !ghost_drop_oldest(f, map, j, PROBATION)) return -1;
+                }
+            }
+            put_word(j, entry_at(f, map, oldest), f->field[F_READS], 0);
+            if (!move_to(f, map, j, oldest, MAIN)) return -1;
+        }
+        if (oldest == -2) return -1;
+    }
+    while ((oldest = tail_of(f, map, MAIN)) >= 0 && --moves > 0) {
+        int64_t reads = reads_of(f, map, oldest);
+        if (reads < 0) return -1;
+        if (!reads) return oldest;
+        put_word(j, entry_at(f, map, oldest), f->field[F_READS], reads - 1);
+        if (!move_to(f, map, j, oldest, MAIN)) return -1;
+    }
+    return -1;
+}
+
+/* ARC.victim (REPLACE, or case IV's T1 eviction), with the new key's ghost ``recalled``. */
+static int64_t arc_victim(const Finder *f, char *map, Journal *j, int64_t recalled) {
+    Counts c;
+    if (!counts_of(f, map, &c)) return -1;
+    if (recalled < 0 && c.probation >= c.live) return tail_of(f, map, PROBATION);
+    double p = load_double(map, f->field[F_PROBATION_TARGET]), t1 = (double)c.probation;
+    int64_t kind = MAIN;
+    if (c.probation && (t1 > p || (recalled == MAIN && t1 == p) || c.live == c.probation))
+        kind = PROBATION;
+    int64_t victim = tail_of(f, map, kind);
+    if (victim < 0) return -1;
+    int64_t lo = load(entry_at(f, map, victim), f->field[F_HASH_LO]);
+    return ghost_add(f, map, j, lo, kind) ? victim : -1;
+}
+
+/* RequestCounts.asked of entry ``eid``'s key: the smallest of its four counters. */
+static int64_t asked(const Finder *f, const char *map, int64_t eid) {
+    const unsigned char *counts = (const unsigned char *)map + f->sketch_offset;
+    const char *entry = entry_at(f, map, eid);
+    uint64_t mask = (uint64_t)f->sketch_bytes - 1;
+    uint64_t lo = (uint64_t)load(entry, f->field[F_HASH_LO]);
+    uint64_t hi = (uint64_t)load(entry, f->field[F_HASH_HI]);
+    uint64_t spots[4] = {lo & mask, (lo >> 32) & mask, hi & mask, (hi >> 32) & mask};
+    unsigned char least = counts[spots[0]];
+    for (int i = 1; i < 4; i++)
+        if (counts[spots[i]] < least) least = counts[spots[i]];
+    return least;
+}
+
+/* prefix's admit_asked: while probation holds ``holds`` entries, its oldest goes to main
+ * where it was asked for more than main's least recently used. */
+static int admit_asked(const Finder *f, char *map, Journal *j, double holds) {
+    Counts c;
+    if (!counts_of(f, map, &c)) return 0;
+    int64_t least = c.live - c.probation ? tail_of(f, map, MAIN) : -1;
+    if (least == -2) return 0;
+    if (least < 0) return 1;
+    int64_t others = asked(f, map, least), depth = load(entry_at(f, map, least), f->field[F_DEPTH]);
+    for (int64_t steps = 0; steps <= f->max_entries; steps++) {
+        if (!((double)load(map, f->field[F_NUM_PROBATION]) >= holds)) return 1;
+        int64_t oldest = tail_of(f, map, PROBATION);
+        if (oldest == -2) return 0;
+        if (oldest < 0) return 1;
+        int64_t count = asked(f, map, oldest);
+        int64_t deeper = load(entry_at(f, map, oldest), f->field[F_DEPTH]);
+        if (!(count > others || (count == others && others >= 2 && deeper < depth))) return 1;
+        if (!move_to(f, map, j, oldest, MAIN)) return 0;
+    }
+    return 0;
+}
+
+/* prefix's least_recent: main's least recently used without credits (those with credits in
+ * the way go back to main's head, one credit less); -1 for an empty main, -2 for damage. */
+static int64_t least_recent(const Finder *f, char *map, Journal *j) {
+    int64_t live = load(map, f->field[F_NUM_LIVE]), least;
+    if (!in_range(live, 0)) return -2;
+    int64_t moves = (MAX_CREDITS + 1) * (live + 1);
+    while ((least = tail_of(f, map, MAIN)) >= 0 && --moves > 0) {
+        int64_t word = reads_of(f, map, least);
+        if (word < 0) return -2;
+        if (!(word & CREDIT_MASK)) return least;
+        put_word(j, entry_at(f, map, least), f->field[F_READS], word - 1);
+        if (!move_to(f, map, j, least, MAIN)) return -2;
+    }
+    return least == -1 ? -1 : -2;
+}
+
+/* ChunkTree.descendants of ``eid`` into ``below`` (leaves first, as Python orders them),
+ * with ``stack`` as room: how many, -1 where a link is out of range or there are more than
+ * the table holds. Both arrays hold max_entries + 1 ids. */
+static int64_t descendants(const Finder *f, const char *map, int64_t eid, int64_t *below,
+                           int64_t *stack) {
+    int64_t found = 0, depth = 0;
+    stack[depth++] = eid;
+    while (depth) {
+        int64_t child = load(entry_at(f, map, stack[--depth]), f->field[F_FIRST_CHILD]);
+        while (child) {
+            int64_t id = linked(f, child);
+            if (id < 0 || found >= f->max_entries) return -1;
+            below[found++] = id;
+            stack[depth++] = id;
+            child = load(entry_at(f, map, id), f->field[F_NEXT_SIBLING]);
+        }
+    }
+    for (int64_t i = 0; i < found / 2; i++) { /* Python returns them reversed */
+        int64_t t = below[i];
+        below[i] = below[found - 1 - i];
+        below[found - 1 - i] = t;
+    }
+    return found;
+}
+
+/* prefix's trim: the ghosts at most the live entries, probation's first while they exceed
+ * what the target leaves them. */
+static int trim(const Finder *f, char *map, Journal *j) {
+    for (int64_t steps = 0;; steps++) {
+        Counts c;
+        if (!counts_of(f, map, &c)) return 0;
+        if (c.b1 + c.b2 <= c.live) return 1;
+        if (steps > c.b1 + c.b2) return 0;
+        double target = prefix_target(load_double(map, f->field[F_PROBATION_TARGET]), c.live);
+        int probation_first = (double)c.b1 > (double)c.live - target || !c.b2;
+        if (!ghost_drop_oldest(f, map, j, c.b1 && probation_first ? PROBATION : MAIN)) return 0;
+    }
+}
+
+/* Scratch for a victim's chain (descendants, then the victim): max_entries + 1 ids each. */
+typedef struct {
+    int64_t *chain, *stack, length;
+} Chain;
+
+/* Prefix.victim: the entry to evict and, in ``chain``, the chunks below it then itself, each
+ * made a ghost of its list (then trimmed); -1 where a word is out of range (damage). */
+static int64_t prefix_victim(const Finder *f, char *map, Journal *j, Chain *chain) {
+    Counts c;
+    if (!counts_of(f, map, &c)) return -1;
+    double target = prefix_target(load_double(map, f->field[F_PROBATION_TARGET]), c.live);
+    double holds = py_max(1.0, target);
+    if (!admit_asked(f, map, j, holds) || !counts_of(f, map, &c)) return -1;
+    int64_t kind = MAIN, victim;
+    if ((c.probation && (double)c.probation >= holds) || c.live == c.probation) kind = PROBATION;
+    victim = kind == PROBATION ? tail_of(f, map, PROBATION) : least_recent(f, map, j);
+    if (victim >= 0 && kind == MAIN && c.probation) {
+        int64_t oldest = tail_of(f, map, PROBATION);
+        if (oldest == -2) return -1;
+        if (oldest >= 0 && load(entry_at(f, map, oldest), f->field[F_LAST_ACCESS]) <=
+                               load(entry_at(f, map, victim), f->field[F_LAST_ACCESS])) {
+            kind = PROBATION;
+            victim = oldest;
+        }
+    }
+    if (victim < 0) return -1;
+    int64_t below = descendants(f, map, victim, chain->chain, chain->stack);
+    if (below < 0) return -1;
+    chain->chain[below] = victim;
+    chain->length = below + 1;
+    for (int64_t i = 0; i < chain->length; i++) {
+        int64_t lo = load(entry_at(f, map, chain->chain[i]), f->field[F_HASH_LO]);
+        if (!ghost_add(f, map, j, lo, kind)) return -1;
+    }
+    return trim(f, map, j) ? victim : -1;
+}
+
+/* Evictor.evict_one of ``chain`` (a victim last, the chunks below it first): each key
+ * remembered in the regret sample, then each entry taken out of the tree and its list and
+ * removed (Table.remove), and the evictions counted. */
+static int evict_chain(const Finder *f, char *map, Journal *j, const Chain *chain, double now) {
+    const int64_t *w = f->field;
+    if (!evict_counts_ok(f, map)) return 0;
+    for (int64_t i = 0; i < chain->length; i++) {
+        const char *entry = entry_at(f, map, chain->chain[i]);
+        if (!(load(entry, w[F_HASH_HI]) & f->regret_mask))
+            regret_remember(f, map, load(entry, w[F_HASH_LO]), now, j);
+    }
+    for (int64_t i = 0; i < chain->length; i++) {
+        int64_t eid = chain->chain[i], lo = load(entry_at(f, map, eid), w[F_HASH_LO]);
+        if (f->queue_policy == QUEUE_PREFIX && !tree_unlink(f, map, j, eid)) return 0;
+        if (!unlink_checked(f, map, j, eid) || !old_ok(f, map, eid, lo)) return 0;
+        remove_old(f, map, eid, lo, j);
+    }
+    int64_t evictions = load(map, w[F_EVICTIONS]);
+    put_word(j, map, w[F_EVICTIONS], evictions + chain->length);
+    return evictions + chain->length < CLOCK_LIMIT;
+}
+
+#define SWEEP_SPACING 64 /* kvcache.engine.eviction.SWEEP_SPACING */
+
+/* Evictor.tidy(force=False) where it has nothing to reclaim: where due, its next time set;
+ * 0 where it would do more (an entry may have expired, or one is WRITING, whose writer
+ * may have died: the process table is Python's) or a word is out of range. */
+static int tidy(const Finder *f, char *map, Journal *j, double now) {
+    const int64_t *w = f->field;
+    int64_t puts = load(map, w[F_PUTS]), live = load(map, w[F_NUM_LIVE]);
+    int64_t fresh = load(map, w[F_NEXT_FRESH_ENTRY]);
+    if (puts < load(map, w[F_NEXT_SWEEP_PUTS])) return 1;
+    if (!in_range(puts, 0) || !in_range(live, 0) || fresh < 0 || fresh > f->max_entries ||
+        !(load_double(map, w[F_NEXT_EXPIRY_AT]) > now))
+        return 0;
+    for (int64_t eid = 0; eid < fresh; eid++)
+        if (load(entry_at(f, map, eid), w[F_STATE]) == WRITING) return 0;
+    put_word(j, map, w[F_NEXT_SWEEP_PUTS], puts + live / SWEEP_SPACING);
+    return 1;
+}
+
+/* Evictor.make_room for a queue policy (the new key's ghost ``recalled``): a due tidy
+ * (where it has nothing to do), then victims, each evicted with its chain, until
+ * ``num_pages`` pages and an entry slot are free. 0 where nothing is live, the tidy
+ * would reclaim something, or a word is out of range. */
+static int make_queue_room(const Finder *f, char *map, Journal *j, int64_t num_pages,
+                           int64_t recalled, double now) {
+    if (!tidy(f, map, j, now)) return 0;
+    const int64_t *w = f->field;
+    Chain chain = {PyMem_Malloc((size_t)(f->max_entries + 1) * 8),
+                   PyMem_Malloc((size_t)(f->max_entries + 1) * 8), 0};
+    int made = chain.chain != NULL && chain.stack != NULL;
+    for (int64_t rounds = 0; made; rounds++) {
+        int room = has_room(f, map, num_pages);
+        if (room) {
+            made = room > 0;
+            break;
+        }
+        int64_t live = load(map, w[F_NUM_LIVE]), victim = -1;
+        if (live <= 0 || rounds > f->max_entries || j->full) {
+            made = 0;
+            break;
+        }
+        chain.length = 1;
+        if (f->queue_policy == QUEUE_S3FIFO) victim = s3fifo_victim(f, map, j);
+        else if (f->queue_policy == QUEUE_ARC) victim = arc_victim(f, map, j, recalled);
+        else victim = prefix_victim(f, map, j, &chain);
+        if (f->queue_policy != QUEUE_PREFIX) chain.chain[0] = victim;
+        made = victim >= 0 && evict_chain(f, map, j, &chain, now);
+    }
+    PyMem_Free(chain.chain);
+    PyMem_Free(chain.stack);
+    return made && !j->full;
+}

@@ -68,7 +68,7 @@ enum {
     F_REGRET_RING, F_REGRET_NEXT, F_REGRET_UNREQUESTED, F_EVICTIONS, F_DIRTY, F_LOCK_WORD,
     F_SKETCH_COUNTED, F_USED_SLOTS, F_DEFERRED_NEXT, F_DEFERRED_DONE, F_DEFERRED,
     F_GHOST_NEXT, F_GHOST_TAIL_PROBATION, F_GHOST_TAIL_MAIN, F_NUM_GHOSTS_PROBATION,
-    F_NUM_GHOSTS_MAIN, F_PROBATION_TARGET, F_LAST_ADMITTED,
+    F_NUM_GHOSTS_MAIN, F_PROBATION_TARGET, F_LAST_ADMITTED, F_NEXT_SWEEP_PUTS,
     NUM_FIELDS
 };
 
@@ -127,17 +127,22 @@ typedef struct {
     int64_t was[JOURNAL_WORDS];
 } Journal;
 
+/* The word about to be stored, remembered in ``journal`` where there is one: 0 where the
+ * journal is full (the store is then not made, and the put undone). */
+static int journal_word(Journal *journal, char *base, int64_t word) {
+    if (journal == NULL) return 1;
+    if (journal->count == JOURNAL_WORDS) {
+        journal->full = 1;
+        return 0;
+    }
+    journal->at[journal->count] = base + word * 8;
+    memcpy(&journal->was[journal->count++], base + word * 8, 8);
+    return 1;
+}
+
 /* ``store``, remembered in ``journal`` where there is one. */
 static void put_word(Journal *journal, char *base, int64_t word, int64_t value) {
-    if (journal != NULL) {
-        if (journal->count == JOURNAL_WORDS) {
-            journal->full = 1;
-            return;
-        }
-        journal->at[journal->count] = base + word * 8;
-        memcpy(&journal->was[journal->count++], base + word * 8, 8);
-    }
-    store(base, word, value);
+    if (journal_word(journal, base, word)) store(base, word, value);
 }
 
 /* Every word ``journal`` remembers, put back as it was, newest first. */

@@ -33,6 +33,18 @@ static void store_release(char *base, int64_t word, int64_t value) {
     __atomic_store_n((int64_t *)(void *)(base + word * 8), value, __ATOMIC_RELEASE);
 }
 
+/* store_release, remembered in ``journal`` where there is one. */
+static void put_release(Journal *journal, char *base, int64_t word, int64_t value) {
+    if (journal_word(journal, base, word)) store_release(base, word, value);
+}
+
+/* store_double, remembered in ``journal`` where there is one. */
+static void put_double(Journal *journal, char *base, int64_t word, double value) {
+    int64_t bits;
+    memcpy(&bits, &value, 8);
+    put_word(journal, base, word, bits);
+}
+
 /* The segment ``mapping`` for one of the writes below: 1 with ``view`` held where the
  * buffer spans the geometry and the pool's policy keeps no queues (or ``queues_too``: a put
  * makes a queue policy's part, admit.c); 0, nothing held, where not (the caller answers
@@ -229,7 +241,8 @@ static int plan_reserve(const Finder *f, const char *map, int64_t key_len, int64
 }
 
 /* RegretSample.request for the record found by regret_record. */
-static void regret_request(const Finder *f, char *map, int64_t record, double now) {
+static void regret_request(const Finder *f, char *map, int64_t record, double now,
+                           Journal *j) {
     const int64_t *w = f->field;
     double seconds = now - load_double(map, record + 1);
     seconds = seconds > 0.0 ? seconds : 0.0; /* Python's max(0.0, x), NaN included */
@@ -240,13 +253,13 @@ static void regret_request(const Finder *f, char *map, int64_t record, double no
         seconds_bucket++;
     while (access_bucket < ACCESS_BOUNDS && (INT64_C(1) << access_bucket) < accesses)
         access_bucket++;
-    store(map, record, 0);
+    put_word(j, map, record, 0);
     int64_t word = w[F_REGRET_SECONDS] + seconds_bucket;
-    store(map, word, load(map, word) + 1);
-    store_double(map, w[F_REGRET_SECONDS_SUM], load_double(map, w[F_REGRET_SECONDS_SUM]) + seconds);
+    put_word(j, map, word, load(map, word) + 1);
+    put_double(j, map, w[F_REGRET_SECONDS_SUM], load_double(map, w[F_REGRET_SECONDS_SUM]) + seconds);
     word = w[F_REGRET_ACCESSES] + access_bucket;
-    store(map, word, load(map, word) + 1);
-    store(map, w[F_REGRET_ACCESSES_SUM], load(map, w[F_REGRET_ACCESSES_SUM]) + accesses);
+    put_word(j, map, word, load(map, word) + 1);
+    put_word(j, map, w[F_REGRET_ACCESSES_SUM], load(map, w[F_REGRET_ACCESSES_SUM]) + accesses);
 }
 
 /* PageAllocator.allocate of the planned pages; the chain's first page (and its last):
@@ -307,7 +320,7 @@ static void scatter(const Finder *f, char *map, int64_t first, const Py_buffer *
 
 /* Table.remove of ``old`` (Table._unindex): HashIndex.remove, EntryTable.remove_live,
  * PageAllocator.free, EntryTable.release. */
-static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
+static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo, Journal *j) {
     const int64_t *w = f->field, mask = f->index_slots - 1;
     char *index = map + f->index_offset, *live = map + f->live_offset;
     char *entry = entry_at(f, map, old);
@@ -319,30 +332,30 @@ static void remove_old(const Finder *f, char *map, int64_t old, int64_t lo) {
         int64_t home = load(entry_at(f, map, value - 1), w[F_HASH_LO]) & mask;
         /* the member at probe may move to hole unless its home lies in (hole, probe] */
         if (((probe - home) & mask) >= ((probe - hole) & mask)) {
-            store_release(index, hole, value);
+            put_release(j, index, hole, value);
             hole = probe;
         }
     }
-    store_release(index, hole, 0);
+    put_release(j, index, hole, 0);
     int64_t pos = load(entry, w[F_LIVE_POS]), last = load(map, w[F_NUM_LIVE]) - 1;
     int64_t moved = load(live, last);
-    store(live, pos, moved);
-    store(entry_at(f, map, moved), w[F_LIVE_POS], pos);
-    store(map, w[F_NUM_LIVE], last);
+    put_word(j, live, pos, moved);
+    put_word(j, entry_at(f, map, moved), w[F_LIVE_POS], pos);
+    put_word(j, map, w[F_NUM_LIVE], last);
     int64_t pages = load(entry, w[F_NUM_PAGES]);
     if (!in_slot(f, entry)) { /* PageAllocator.free: an inline slot holds no page */
-        store(map + f->page_next_offset, load(entry, w[F_LAST_PAGE]),
+        put_word(j, map + f->page_next_offset, load(entry, w[F_LAST_PAGE]),
               load(map, w[F_FREE_PAGE_HEAD]));
-        store(map, w[F_FREE_PAGE_HEAD], load(entry, w[F_FIRST_PAGE]));
-        store(map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) + pages);
-        store(map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) - pages);
+        put_word(j, map, w[F_FREE_PAGE_HEAD], load(entry, w[F_FIRST_PAGE]));
+        put_word(j, map, w[F_NUM_FREE_PAGES], load(map, w[F_NUM_FREE_PAGES]) + pages);
+        put_word(j, map, w[F_USED_PAGES], load(map, w[F_USED_PAGES]) - pages);
     } else {
-        store(map, w[F_USED_SLOTS], load(map, w[F_USED_SLOTS]) - 1);
+        put_word(j, map, w[F_USED_SLOTS], load(map, w[F_USED_SLOTS]) - 1);
     }
-    store_release(entry, w[F_STATE], FREE);
-    store_release(entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
-    store(entry, w[F_NEXT_FREE], load(map, w[F_FREE_ENTRY_HEAD]));
-    store(map, w[F_FREE_ENTRY_HEAD], old + 1);
+    put_release(j, entry, w[F_STATE], FREE);
+    put_release(j, entry, w[F_GENERATION], load(entry, w[F_GENERATION]) + 1);
+    put_word(j, entry, w[F_NEXT_FREE], load(map, w[F_FREE_ENTRY_HEAD]));
+    put_word(j, map, w[F_FREE_ENTRY_HEAD], old + 1);
 }
 
 /* Table.reserve as planned: the regret sample's request, the pages, the entry slot, its
@@ -355,7 +368,7 @@ static int64_t apply_reserve(const Finder *f, char *map, const Plan *p, const in
                              int64_t owner_slot, int64_t owner_serial, int64_t reads) {
     const int64_t *w = f->field, eid = p->eid;
     char *entry = entry_at(f, map, eid);
-    if (p->regret >= 0) regret_request(f, map, p->regret, now);
+    if (p->regret >= 0) regret_request(f, map, p->regret, now, NULL);
     int64_t last;
     int64_t first = allocate(f, map, p, &last);
     if (load(map, w[F_FREE_ENTRY_HEAD])) /* EntryTable.claim */
@@ -394,7 +407,7 @@ static void apply_publish(const Finder *f, char *map, const Plan *p, uint64_t ch
     const int64_t *w = f->field, eid = p->eid;
     char *entry = entry_at(f, map, eid);
     store(entry, w[F_CHECKSUM], (int64_t)checksum);
-    if (p->old >= 0) remove_old(f, map, p->old, p->lo);
+    if (p->old >= 0) remove_old(f, map, p->old, p->lo, NULL);
     int64_t clock = tick(f, map, 0);
     if (clock < 0) { /* Table.tick's Python fallback: publish_ok kept the clock in range */
         clock = load(map, w[F_CLOCK]) + 1;
@@ -446,6 +459,28 @@ static uint64_t apply(const Finder *f, char *map, const Plan *p, const Py_buffer
     return checksum;
 }
 
+/* Whether RegretSample._remember's words are in range (its ring position, the count of
+ * records pushed out) and Evictor's count of evictions. */
+static int evict_counts_ok(const Finder *f, const char *map) {
+    const int64_t *w = f->field;
+    int64_t next = load(map, w[F_REGRET_NEXT]), unrequested = load(map, w[F_REGRET_UNREQUESTED]);
+    int64_t evictions = load(map, w[F_EVICTIONS]);
+    return next >= 0 && next < CLOCK_LIMIT && unrequested >= 0 && unrequested < CLOCK_LIMIT &&
+           evictions >= 0 && evictions < CLOCK_LIMIT;
+}
+
+/* RegretSample._remember of the key hashed ``lo``, evicted at ``now``. */
+static void regret_remember(const Finder *f, char *map, int64_t lo, double now, Journal *j) {
+    const int64_t *w = f->field, position = load(map, w[F_REGRET_NEXT]);
+    int64_t base = w[F_REGRET_RING] + (position % REGRET_RECORDS) * REGRET_RECORD_WORDS;
+    if (load(map, base)) /* pushed out before its key came back */
+        put_word(j, map, w[F_REGRET_UNREQUESTED], load(map, w[F_REGRET_UNREQUESTED]) + 1);
+    put_word(j, map, base, lo | 1);
+    put_double(j, map, base + 1, now);
+    put_word(j, map, base + 2, load(map, w[F_CLOCK]));
+    put_word(j, map, w[F_REGRET_NEXT], position + 1);
+}
+
 #include "admit.c"
 
 PyDoc_STRVAR(put_doc,
@@ -459,8 +494,9 @@ PyDoc_STRVAR(put_doc,
 "of range: the caller then puts the Python way, which decides. In a pool whose policy\n"
 "keeps queues it makes the policy's part too (the new key's recall, its place in the\n"
 "lists, and in a ``prefix`` pool under the chunk keyed ``parent`` in the tree), first\n"
-"making the hits readers deferred; -2 there leaves the whole put to Python, whose\n"
-"eviction asks the new key's ghost first. The caller holds the pool's lock, or passes\n"
+"making the hits readers deferred, and makes the room a put needs as the policy chooses\n"
+"(-2 where it does not: the whole put is then Python's, whose eviction asks the new\n"
+"key's ghost first). The caller holds the pool's lock, or passes\n"
 "its ``lock_word`` (the\n"
 "owner word of a process that locks by the word alone) for the put to take it here if\n"
 "it is free, no flock user is counted and no repair is due; else the put answers -1,\n"
@@ -500,6 +536,39 @@ static int queued_in_put(const Finder *f, char *map, const Plan *p, PyObject *pa
     }
     if (!made || q.journal.full) undo(&q.journal);
     return made && !q.journal.full;
+}
+
+/* The whole put's part where it needs eviction (``put`` with no room): what Table.reserve
+ * does, in its order (the new key's request to the regret sample, its parent found, its
+ * ghost recalled, room made: Evictor.make_room's victims, each evicted with its chain),
+ * then the put planned again in ``p`` and Table.publish's part, all in one journal: 1
+ * made; 0 undone, where anything is out of range or the room changed what the put
+ * found (its old entry or its parent evicted: Python's put takes those turns). */
+static int room_for_queued_put(const Finder *f, char *map, Plan *p, int64_t key_len,
+                               int64_t total, PyObject *parent, double now) {
+    QueuePart q; /* 16 KiB of stack, left unwritten until used */
+    q.journal.count = q.journal.full = 0;
+    Plan again = {.requested = 1, .lo = p->lo, .hi = p->hi};
+    if (p->regret >= 0) regret_request(f, map, p->regret, now, &q.journal);
+    int made = parent_of(f, map, parent, &q.above) &&
+               queue_reserve(f, map, &q.journal, p, q.above, &q.reads);
+    if (made) {
+        drain_deferred(f, map);
+        made = make_queue_room(f, map, &q.journal, p->num_pages,
+                               f->queue_policy == QUEUE_S3FIFO ? RECALL_AT_ADMIT : q.reads, now) &&
+               plan_reserve(f, map, key_len, total, &again) == PLANNED && again.old == p->old &&
+               publish_ok(f, map, &again, 2) &&
+               (q.above < 0 || find_key(f, map, PyBytes_AS_STRING(parent),
+                                        PyBytes_GET_SIZE(parent)) == q.above) &&
+               key_spared(f, map, &again, q.above) &&
+               queue_publish(f, map, &q.journal, &again, q.above, q.reads);
+    }
+    if (!made || q.journal.full) {
+        undo(&q.journal);
+        return 0;
+    }
+    *p = again;
+    return 1;
 }
 
 /* Table.reserve's part (``reserve``); in ``reads``, what the new entry's reads word keeps
@@ -567,9 +636,12 @@ static PyObject *put(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
     /* the index is not changed by reserve: the key's old entry stays what it is */
     int plan = plan_reserve(f, map, pieces[0].len, total, &p);
     if (plan == NO_ROOM) result = PyLong_FromLong(-2);
-    if (plan == PLANNED && publish_ok(f, map, &p, 2)) {
+    int queued_room = plan == NO_ROOM && f->queue_policy != NO_QUEUES;
+    if ((plan == PLANNED && publish_ok(f, map, &p, 2)) || queued_room) {
         if (mine) store(map, f->field[F_DIRTY], 1); /* a crash from here on: repair */
-        if (queued_in_put(f, map, &p, parent)) {
+        if (queued_room ? room_for_queued_put(f, map, &p, pieces[0].len, total, parent, now)
+                        : queued_in_put(f, map, &p, parent)) {
+            Py_XDECREF(result);
             uint64_t checksum = apply(f, map, &p, pieces, flags, priority, expires_at, now,
                                       owner_slot, owner_serial);
             result = PyLong_FromUnsignedLongLong(checksum);
@@ -681,28 +753,6 @@ PyDoc_STRVAR(evict_doc,
 "range: the caller then evicts the Python way, which decides. The caller holds the\n"
 "pool's lock.");
 
-/* Whether RegretSample._remember's words are in range (its ring position, the count of
- * records pushed out) and Evictor's count of evictions. */
-static int evict_counts_ok(const Finder *f, const char *map) {
-    const int64_t *w = f->field;
-    int64_t next = load(map, w[F_REGRET_NEXT]), unrequested = load(map, w[F_REGRET_UNREQUESTED]);
-    int64_t evictions = load(map, w[F_EVICTIONS]);
-    return next >= 0 && next < CLOCK_LIMIT && unrequested >= 0 && unrequested < CLOCK_LIMIT &&
-           evictions >= 0 && evictions < CLOCK_LIMIT;
-}
-
-/* RegretSample._remember of the key hashed ``lo``, evicted at ``now``. */
-static void regret_remember(const Finder *f, char *map, int64_t lo, double now) {
-    const int64_t *w = f->field, position = load(map, w[F_REGRET_NEXT]);
-    int64_t base = w[F_REGRET_RING] + (position % REGRET_RECORDS) * REGRET_RECORD_WORDS;
-    if (load(map, base)) /* pushed out before its key came back */
-        store(map, w[F_REGRET_UNREQUESTED], load(map, w[F_REGRET_UNREQUESTED]) + 1);
-    store(map, base, lo | 1);
-    store_double(map, base + 1, now);
-    store(map, base + 2, load(map, w[F_CLOCK]));
-    store(map, w[F_REGRET_NEXT], position + 1);
-}
-
 /* Evictor.evict_one of READY entry ``eid``: 1 evicted; 0, nothing changed, where a word
  * it follows is out of range. */
 static int evict_one(const Finder *f, char *map, int64_t eid, double now) {
@@ -711,8 +761,8 @@ static int evict_one(const Finder *f, char *map, int64_t eid, double now) {
     char *entry = entry_at(f, map, eid);
     int64_t lo = load(entry, w[F_HASH_LO]);
     if (!old_ok(f, map, eid, lo)) return 0;
-    if (!(load(entry, w[F_HASH_HI]) & f->regret_mask)) regret_remember(f, map, lo, now);
-    remove_old(f, map, eid, lo);
+    if (!(load(entry, w[F_HASH_HI]) & f->regret_mask)) regret_remember(f, map, lo, now, NULL);
+    remove_old(f, map, eid, lo, NULL);
     store(map, w[F_EVICTIONS], load(map, w[F_EVICTIONS]) + 1);
     return 1;
 }
@@ -793,7 +843,7 @@ static PyObject *make_room(Finder *f, PyObject *const *args, Py_ssize_t nargs) {
         kept = rank_sample(f, map, kind, ids, count, top, now, best);
         if (kept < 0) goto done;
     }
-    if (p.regret >= 0) regret_request(f, map, p.regret, now);
+    if (p.regret >= 0) regret_request(f, map, p.regret, now, NULL);
     int64_t at = 0;
     for (; at < kept; at++) {
         int64_t eid = ids[best[at].place];
@@ -835,7 +885,7 @@ static PyObject *delete_entry(Finder *f, PyObject *const *args, Py_ssize_t nargs
         result = Py_False;
     } else if (eid >= 0 && holds_key(f, map, eid, key, key_len) &&
                old_ok(f, map, eid, lo)) {
-        remove_old(f, map, eid, lo);
+        remove_old(f, map, eid, lo, NULL);
         result = Py_True;
     }
     PyBuffer_Release(&view);

@@ -417,7 +417,8 @@ class Store:
         in a ``prefix`` pool) in one compiled call, which takes the lock itself where it is
         free (``kvcache._lookup``'s ``put``); where there is no room, Python's eviction makes
         it and the call is made again: the checksum it published, or None where it left the
-        put to ``write`` (memory to reserve, a queue policy's eviction, a parent not here,
+        put to ``write`` (memory to reserve, a queue policy's room it did not make, a parent
+        not here,
         damage), having written nothing."""
         put = self._put
         if put is None or self.slot < 0:
