@@ -854,6 +854,27 @@ def test_prompt_traffic_evicts_in_c_as_in_python(prompts, policy) -> None:
         assert_same_segment(fast, ref)
 
 
+@compiled
+def test_prefix_evicts_probations_oldest_before_a_more_recent_main_chunk_in_c() -> None:
+    """``prefix``'s age rule through the compiled eviction: with probation below its target
+    (every chunk but the first read once, so in main), the victim would be main's least
+    recently used, but probation's oldest, unread since long before, goes first. Both
+    engines evict the same chunks and leave the same segment."""
+    clock = Ticks()
+    with (
+        new_pool("prefix", clock, pure=False) as fast,
+        new_pool("prefix", clock, pure=True) as ref,
+    ):
+        for pool in (fast, ref):
+            pool.put("old", b"o" * 6000)
+            for i in range(100):
+                pool.put(f"k{i}", b"c" * 6000)
+                assert pool.get(f"k{i}") is not None
+        assert "old" not in fast and "old" not in ref  # gone first, though put first of all
+        assert fast.stats().evictions == ref.stats().evictions > 50
+        assert_same_segment(fast, ref)
+
+
 QUEUE_DAMAGE_HEADER_WORDS = [
     *QUEUE_WORDS,
     "ghost_next",
