@@ -350,6 +350,18 @@ def test_closed_pool_says_so(make_pool):
     assert "closed" in repr(pool)
 
 
+def test_bug_a_latency_sample_of_a_call_that_a_close_overtook_raised_attribute_error(make_pool):
+    """The multiprocess close test found it: a reader thread's get, timed, finished as
+    another thread closed the pool, and its sample asked the closed pool's lock whether
+    another process held the word: AttributeError. The sample now stays with the closed
+    handle, which adds it to no region."""
+    pool = make_pool()
+    engine = pool._engine
+    pool.close()
+    engine.add_sample(0, 1_000)  # the call succeeded before the close: no error for it
+    assert engine.samples == [(0, 1_000)]  # kept with the handle, which no region takes
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -399,6 +399,7 @@ class ClosedLock:
     """Stands in for the lock of a closed pool, so any use fails clearly (at no cost before)."""
 
     closed = True
+    taken = False  # no other holder: a latency sample then tries the lock (and stays out)
 
     def __init__(self, name: str) -> None:
         self._name = name

@@ -23,9 +23,9 @@
  * atomically (tick, also used by holders of the lock). Anything else it leaves to the
  * caller's locked path, as find_hit does.
  *
- * put (put.c, included below) is a whole small put in pools whose policy keeps no
- * queues, where it needs no eviction: reserve, copy and sum, publish; delete removes a
- * key's entry there.
+ * put (put.c, included below) is a whole small put: reserve, copy and sum, publish,
+ * with a queue policy's part and, in its pools, the eviction that makes room (admit.c);
+ * delete removes a key's entry in pools whose policy keeps no queues.
  *
  * Every word read from the segment is checked before it is used as an offset or an
  * index: an entry id against the entry table, a page against the data region, a key

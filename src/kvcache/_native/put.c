@@ -4,7 +4,7 @@
  * round of that room for a sampled policy ranked in C (Evictor.room_for_put's).
  *
  * Part of kvcache._lookup (lookup.c includes it: one translation unit, so xxhash's
- * dispatch is compiled in once). It serves pools whose policy keeps no queues, and
+ * dispatch is compiled in once). Where the pool's policy keeps no queues it serves
  * only puts that Python would serve without evicting, reserving memory or judging
  * damage: the pages and an entry slot are free now, the fresh pages it takes are
  * backed already, and every word it will follow or change is in range. It checks all
@@ -13,7 +13,9 @@
  * CorruptPoolError as before. Otherwise (``apply_reserve``, ``apply_publish``) it writes
  * what Python writes, store for store in the same order (a differential test compares
  * the two engines' segments byte for byte). A larger put calls the two halves apart
- * (``reserve``, ``publish``), around a copy made without the lock.
+ * (``reserve``, ``publish``), around a copy made without the lock. A queue policy's
+ * part of a put, and its eviction, follow words that depend on each other: admit.c
+ * checks them as it follows them, under an undo journal.
  *
  * Readers without the lock may look at the index and the entries meanwhile: the
  * words that publish an entry or retire one (its state, its generation, its index
